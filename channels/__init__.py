@@ -1,0 +1,1 @@
+"""Channel adapters: verify and parse inbound messages into turn requests, deliver the replies."""

@@ -1,0 +1,1 @@
+"""Everything in Parley that is not transport: answers, retrieval, knowledge, memory, storage."""

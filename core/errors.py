@@ -1,0 +1,89 @@
+"""The errors Parley raises on purpose, each with a stable machine-readable code.
+
+The hierarchy::
+
+    ParleyError                     anything Parley reports to a user or an operator
+    ├── ConfigError                 a setting or a combination of settings is unusable
+    │   └── EmbedderMismatch        the configured embedder differs from an agent's index
+    ├── Unavailable                 a backing service cannot be reached
+    │   ├── StoreUnavailable        PostgreSQL
+    │   └── CacheUnavailable        Redis
+    ├── InvalidInput                a request or a command argument is malformed
+    ├── NotFound                    something named does not exist
+    │   └── AgentNotFound
+    ├── Conflict                    it exists already
+    ├── Unauthorized                no or wrong credentials
+    ├── Forbidden                   credentials fine, access refused
+    └── RateLimited                 too many requests; ``retry_after`` seconds
+
+The gateway maps each class to one HTTP status in a single middleware; the CLI prints the
+message on one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class ParleyError(Exception):
+    """Base class; ``code`` is stable and safe to show, the message is for humans."""
+
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(ParleyError):
+    code = "config"
+
+
+class EmbedderMismatch(ConfigError):
+    code = "embedder_mismatch"
+
+
+class Unavailable(ParleyError):
+    code = "unavailable"
+
+
+class StoreUnavailable(Unavailable):
+    code = "database_unavailable"
+
+
+class CacheUnavailable(Unavailable):
+    code = "cache_unavailable"
+
+
+class InvalidInput(ParleyError):
+    code = "invalid_input"
+
+
+class NotFound(ParleyError):
+    code = "not_found"
+
+
+class AgentNotFound(NotFound):
+    code = "agent_not_found"
+
+    def __init__(self, slug: str) -> None:
+        super().__init__(f"unknown agent {slug!r}")
+        self.slug = slug
+
+
+class Conflict(ParleyError):
+    code = "conflict"
+
+
+class Unauthorized(ParleyError):
+    code = "unauthorized"
+
+
+class Forbidden(ParleyError):
+    code = "forbidden"
+
+
+class RateLimited(ParleyError):
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

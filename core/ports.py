@@ -1,0 +1,61 @@
+"""The interfaces core depends on, implemented by adapters chosen at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class BucketResult:
+    """The outcome of taking from a token bucket."""
+
+    allowed: bool
+    remaining: float
+    retry_after: float  # seconds until the request would be allowed; 0 when allowed
+
+
+class Cache(Protocol):
+    """Short-lived shared state: everything here may vanish and be rebuilt from Postgres.
+
+    Values are strings; TTLs are seconds (fractions allowed). Every implementation gives the
+    same answers for the same calls, so the in-process cache can stand in for Redis.
+    """
+
+    kind: str  # "redis" or "local", for readiness reports
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def set(
+        self, key: str, value: str, ttl: float | None = None, *, only_if_absent: bool = False
+    ) -> bool:
+        """Store ``value``; with ``only_if_absent`` do nothing (and return False) if set."""
+        ...
+
+    async def delete(self, *keys: str) -> int:
+        """Remove the keys; returns how many existed."""
+        ...
+
+    async def incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        """Add ``amount`` and return the new value; ``ttl`` applies when the key is created."""
+        ...
+
+    async def take_token(
+        self, key: str, *, rate: float, capacity: float, cost: float = 1.0
+    ) -> BucketResult:
+        """Token bucket refilled at ``rate`` tokens a second up to ``capacity``."""
+        ...
+
+    async def list_push(self, key: str, *values: str, keep: int, ttl: float | None) -> None:
+        """Append values, keep only the newest ``keep`` items and (re)set the TTL."""
+        ...
+
+    async def list_range(self, key: str) -> list[str]:
+        """All items of a list, oldest first; empty when the key has gone."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise `CacheUnavailable` when the cache cannot answer."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Retrieval: embedders, hybrid search, fusion, reranking, boosts and filters."""

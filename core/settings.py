@@ -1,0 +1,127 @@
+"""Parley's settings: read from the environment and a `.env` file, validated once at start."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, AliasChoices, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core.errors import ConfigError
+
+
+def _http_url(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError("must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def _database_url(value: SecretStr) -> SecretStr:
+    if not re.match(r"^postgres(ql)?://", value.get_secret_value()):
+        raise ValueError("must be a postgresql:// URL")
+    return value
+
+
+def _redis_url(value: SecretStr) -> SecretStr:
+    if not re.match(r"^(rediss?|unix)://", value.get_secret_value()):
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    return value
+
+
+def _telegram_secret(value: SecretStr) -> SecretStr:
+    # Telegram's own rule for setWebhook(secret_token=...).
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", value.get_secret_value()):
+        raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def _env(*names: str) -> AliasChoices:
+    """Accept the environment names given, and the field name for `Settings(...)` in code."""
+    return AliasChoices(*names)
+
+
+class Settings(BaseSettings):
+    """Every knob of a Parley deployment; see the README's table for what each one does."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PARLEY_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        populate_by_name=True,
+        frozen=True,
+    )
+
+    database_url: Annotated[SecretStr, AfterValidator(_database_url)] | None = None
+    redis_url: Annotated[SecretStr, AfterValidator(_redis_url)] | None = None
+    data_dir: Path = Path(".parley")
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    public_url: HttpUrl | None = None
+    admin_token: SecretStr | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    llm_base_url: HttpUrl | None = None
+    llm_api_key: SecretStr | None = Field(
+        None, validation_alias=_env("PARLEY_LLM_API_KEY", "OPENAI_API_KEY", "llm_api_key")
+    )
+    llm_model: str = "gpt-4o-mini"
+    rewrite_model: str | None = None
+    rewrite_timeout_ms: int = Field(1500, ge=50, le=30000)
+
+    embed_provider: Literal["use", "openai"] = "use"
+    embed_model: str | None = None
+    embed_base_url: HttpUrl | None = None
+    rerank_url: HttpUrl | None = None
+
+    twilio_account_sid: str | None = Field(
+        None, validation_alias=_env("TWILIO_ACCOUNT_SID", "twilio_account_sid")
+    )
+    twilio_auth_token: SecretStr | None = Field(
+        None, validation_alias=_env("TWILIO_AUTH_TOKEN", "twilio_auth_token")
+    )
+    twilio_whatsapp_from: str | None = Field(
+        None, validation_alias=_env("TWILIO_WHATSAPP_FROM", "twilio_whatsapp_from")
+    )
+    twilio_api_base: HttpUrl = "https://api.twilio.com"
+    telegram_bot_token: SecretStr | None = Field(
+        None, validation_alias=_env("TELEGRAM_BOT_TOKEN", "telegram_bot_token")
+    )
+    telegram_webhook_secret: Annotated[SecretStr, AfterValidator(_telegram_secret)] | None = (
+        Field(None, validation_alias=_env("TELEGRAM_WEBHOOK_SECRET", "telegram_webhook_secret"))
+    )
+    telegram_api_base: HttpUrl = "https://api.telegram.org"
+
+    @property
+    def llm_configured(self) -> bool:
+        return self.llm_base_url is not None or self.llm_api_key is not None
+
+
+def env_name(field: str) -> str:
+    """The environment variable a settings field is read from (for error messages)."""
+    info = Settings.model_fields.get(field)
+    if info is None:
+        return field
+    alias = info.validation_alias
+    if isinstance(alias, AliasChoices):
+        first = alias.choices[0]
+        return first if isinstance(first, str) else field
+    return f"PARLEY_{field.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings, turning validation errors into one line per bad variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{env_name(field)}: {message}")
+        raise ConfigError("invalid setting " + "; ".join(problems)) from None

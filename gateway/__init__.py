@@ -1,0 +1,1 @@
+"""The aiohttp gateway: app factory, routes, middlewares, health, metrics and the CLI."""

@@ -1,0 +1,69 @@
+"""The application factory: settings in, a ready-to-run aiohttp application out."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from core.cache import open_cache
+from core.retrieval.embedders import configured_embedder
+from core.settings import Settings
+from core.store import open_database
+from core.store.vector_index import check_embedders
+from gateway import health
+from gateway.keys import CACHE, DATABASE, HTTP, METRICS, SETTINGS
+from gateway.metrics import HttpMetrics
+from gateway.middlewares import errors, metrics, request_context
+
+log = logging.getLogger(__name__)
+
+# Largest request body accepted (webhooks and chat messages are far smaller).
+MAX_BODY_BYTES = 1024 * 1024
+
+
+async def _database(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    database = await open_database(settings)
+    try:
+        async with database.pool.acquire() as conn:
+            await check_embedders(conn, configured_embedder(settings))
+        app[DATABASE] = database
+        yield
+    finally:
+        await database.close()
+
+
+async def _cache(app: web.Application) -> AsyncIterator[None]:
+    cache = await open_cache(app[SETTINGS])
+    app[CACHE] = cache
+    yield
+    await cache.close()
+
+
+async def _http_session(app: web.Application) -> AsyncIterator[None]:
+    timeout = aiohttp.ClientTimeout(total=60, connect=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        app[HTTP] = session
+        yield
+
+
+async def _announce(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    log.info("gateway.started host=%s port=%d", settings.host, settings.port)
+    yield
+    log.info("gateway.stopping")
+
+
+def create_app(settings: Settings) -> web.Application:
+    """Build the gateway; resources open on startup and close on cleanup, in reverse order."""
+    app = web.Application(
+        middlewares=[request_context, metrics, errors], client_max_size=MAX_BODY_BYTES
+    )
+    app[SETTINGS] = settings
+    app[METRICS] = HttpMetrics()
+    app.cleanup_ctx.extend([_database, _cache, _http_session, _announce])
+    app.add_routes(health.routes)
+    return app

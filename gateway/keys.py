@@ -1,0 +1,17 @@
+"""Every piece of state the gateway shares between handlers, as typed application keys."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from core.ports import Cache
+from core.settings import Settings
+from core.store import Database
+from gateway.metrics import HttpMetrics
+
+SETTINGS = web.AppKey("settings", Settings)
+DATABASE = web.AppKey("database", Database)
+CACHE = web.AppKey("cache", Cache)
+HTTP = web.AppKey("http", aiohttp.ClientSession)
+METRICS = web.AppKey("metrics", HttpMetrics)
