@@ -5,16 +5,20 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 
-request_id: ContextVar[str] = ContextVar("request_id", default="-")
-conversation_id: ContextVar[str] = ContextVar("conversation_id", default="-")
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+conversation_id: ContextVar[str | None] = ContextVar("conversation_id", default=None)
 
 
 class ContextFilter(logging.Filter):
-    """Copies the bound ids onto each record so formatters can print them."""
+    """Puts the bound ids on each record as ``context`` (" request_id=... conversation_id=...")."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id.get()
-        record.conversation_id = conversation_id.get()
+        parts = []
+        if (rid := request_id.get()) is not None:
+            parts.append(f" request_id={rid}")
+        if (cid := conversation_id.get()) is not None:
+            parts.append(f" conversation_id={cid}")
+        record.context = "".join(parts)
         return True
 
 
@@ -23,15 +27,13 @@ def configure_logging(level: str = "INFO") -> None:
     handler = logging.StreamHandler()
     handler.addFilter(ContextFilter())
     handler.setFormatter(
-        logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s %(message)s "
-            "request_id=%(request_id)s conversation_id=%(conversation_id)s"
-        )
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s%(context)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
     # Library chatter that would otherwise drown ours, and could carry payloads at DEBUG.
+    quiet = max(logging.WARNING, logging.getLevelName(level))
     for noisy in (
         "asyncio",
         "httpx",
@@ -42,4 +44,4 @@ def configure_logging(level: str = "INFO") -> None:
         "apscheduler",
         "pgserver",
     ):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+        logging.getLogger(noisy).setLevel(quiet)

@@ -92,8 +92,8 @@ class Settings(BaseSettings):
     telegram_bot_token: SecretStr | None = Field(
         None, validation_alias=_env("TELEGRAM_BOT_TOKEN", "telegram_bot_token")
     )
-    telegram_webhook_secret: Annotated[SecretStr, AfterValidator(_telegram_secret)] | None = (
-        Field(None, validation_alias=_env("TELEGRAM_WEBHOOK_SECRET", "telegram_webhook_secret"))
+    telegram_webhook_secret: Annotated[SecretStr, AfterValidator(_telegram_secret)] | None = Field(
+        None, validation_alias=_env("TELEGRAM_WEBHOOK_SECRET", "telegram_webhook_secret")
     )
     telegram_api_base: HttpUrl = "https://api.telegram.org"
 

@@ -7,6 +7,7 @@ import asyncio
 import errno
 import json
 import logging
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -18,7 +19,9 @@ from core.logcontext import configure_logging
 from core.retrieval.embedders import configured_embedder
 from core.settings import Settings, load_settings
 from core.store import Agents, Database, open_database
+from gateway.access_log import AccessLogger
 from gateway.app import create_app
+from gateway.worker import run_worker
 
 T = TypeVar("T")
 
@@ -37,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     commands.add_parser("serve", help="run the gateway (HTTP, workers and scheduler)")
+    commands.add_parser("worker", help="run the background services without HTTP")
     commands.add_parser("migrate", help="apply database migrations and exit")
 
     agent = commands.add_parser("agent", help="create and list agents")
@@ -63,25 +67,39 @@ async def _with_database(
         await database.close()
 
 
-def _serve(settings: Settings) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before anything starts, so a busy port fails fast."""
     try:
-        web.run_app(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            print=None,
-            shutdown_timeout=SHUTDOWN_GRACE,
-            access_log_format='%a "%r" %s %b %Tfs',
-        )
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror:
+        raise ConfigError(f"cannot resolve PARLEY_HOST {host!r}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(512)
     except OSError as exc:
+        sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise ConfigError(
-                f"port {settings.port} on {settings.host} is already in use; "
+                f"port {port} on {host} is already in use; "
                 "stop the other process or set PARLEY_PORT"
             ) from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise ConfigError(f"cannot listen on {settings.host}; check PARLEY_HOST") from None
-        raise
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _serve(settings: Settings) -> None:
+    sock = _listen(settings.host, settings.port)
+    web.run_app(
+        create_app(settings),
+        sock=sock,
+        print=None,
+        shutdown_timeout=SHUTDOWN_GRACE,
+        access_log_class=AccessLogger,
+    )
     log.info("gateway.stopped")
 
 
@@ -100,6 +118,8 @@ def _print_agent(agent_line: dict[str, object]) -> None:
 def _run(args: argparse.Namespace, settings: Settings) -> None:
     if args.command == "serve":
         _serve(settings)
+    elif args.command == "worker":
+        asyncio.run(run_worker(settings))
     elif args.command == "migrate":
         asyncio.run(_with_database(settings, _migrate))
     elif args.command == "agent":
@@ -157,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         # One-shot commands print their result; their progress logs only when asked for.
-        quiet = args.command != "serve" and "log_level" not in settings.model_fields_set
+        long_running = args.command in ("serve", "worker")
+        quiet = not long_running and "log_level" not in settings.model_fields_set
         configure_logging("WARNING" if quiet else settings.log_level)
         _run(args, settings)
     except ParleyError as exc:

@@ -93,9 +93,7 @@ async def metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        request.app[METRICS].observe(
-            request.method, route, status, time.perf_counter() - started
-        )
+        request.app[METRICS].observe(request.method, route, status, time.perf_counter() - started)
 
 
 @web.middleware

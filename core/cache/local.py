@@ -97,7 +97,11 @@ class LocalCache:
         entry = self._live(key)
         items = list(entry.value) if entry and isinstance(entry.value, list) else []
         items.extend(values)
-        self._put(key, _Entry(items[-keep:] if keep > 0 else [], self._expiry(ttl)))
+        kept = items[-keep:] if keep > 0 else []
+        if kept:
+            self._put(key, _Entry(kept, self._expiry(ttl)))
+        else:  # Redis has no empty lists: the key is gone
+            self._data.pop(key, None)
 
     async def list_range(self, key: str) -> list[str]:
         entry = self._live(key)

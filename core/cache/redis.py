@@ -14,7 +14,7 @@ from core.errors import CacheUnavailable
 from core.ports import BucketResult
 
 # Refill and take in one round trip, on Redis' clock so that processes agree.
-_TOKEN_BUCKET = """
+_BUCKET_SCRIPT = """
 local rate = tonumber(ARGV[1])
 local capacity = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
@@ -59,7 +59,7 @@ class RedisCache:
     def __init__(self, client: aioredis.Redis, prefix: str = "parley:") -> None:
         self._client = client
         self._prefix = prefix
-        self._bucket = client.register_script(_TOKEN_BUCKET)
+        self._bucket = client.register_script(_BUCKET_SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "parley:") -> RedisCache:
@@ -73,8 +73,8 @@ class RedisCache:
 
     async def get(self, key: str) -> str | None:
         with _reachable():
-            value: str | None = await self._client.get(self._key(key))
-            return value
+            value = await self._client.get(self._key(key))
+            return None if value is None else str(value)
 
     async def set(
         self, key: str, value: str, ttl: float | None = None, *, only_if_absent: bool = False
@@ -128,8 +128,8 @@ class RedisCache:
 
     async def list_range(self, key: str) -> list[str]:
         with _reachable():
-            items: list[str] = await self._client.lrange(self._key(key), 0, -1)
-            return items
+            items = await self._client.lrange(self._key(key), 0, -1)
+            return [str(item) for item in items]
 
     async def ping(self) -> None:
         with _reachable():

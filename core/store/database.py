@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 from pgvector.asyncpg import register_vector
 
 from core.errors import StoreUnavailable
@@ -19,6 +20,9 @@ from core.store.migrate import migrate
 log = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT = 10.0
+
+# A plain connection or one borrowed from the pool: repositories accept either.
+Connection = asyncpg.Connection | PoolConnectionProxy
 
 
 def describe_url(url: str) -> str:
@@ -47,10 +51,10 @@ class Database:
     def description(self) -> str:
         return "embedded PostgreSQL" if self.embedded else describe_url(self.url)
 
-    async def ping(self, timeout: float = 2.0) -> None:
+    async def ping(self, within: float = 2.0) -> None:
         """Raise `StoreUnavailable` unless the database answers a trivial query in time."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 await self.pool.fetchval("SELECT 1")
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
             raise StoreUnavailable(f"database is unreachable ({type(exc).__name__})") from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -43,10 +44,9 @@ class EmbeddedPostgres:
         try:
             exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DATABASE)
             if not exists:
-                try:
+                # Another process may create it first; either way it exists afterwards.
+                with contextlib.suppress(asyncpg.DuplicateDatabaseError):
                     await conn.execute(f'CREATE DATABASE "{DATABASE}"')
-                except asyncpg.DuplicateDatabaseError:
-                    pass  # another process created it first
         finally:
             await conn.close()
         log.info("store.embedded.started pgdata=%s", self.pgdata)
@@ -65,6 +65,6 @@ def _get_server(pgdata: Path) -> Any:
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset; harmless here.
         warnings.simplefilter("ignore")
-        import pgserver
+        from pgserver.postgres_server import get_server
 
-    return pgserver.get_server(pgdata, cleanup_mode="stop")
+    return get_server(pgdata, cleanup_mode="stop")

@@ -78,7 +78,8 @@ async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None =
                 async with conn.transaction():
                     await conn.execute(migration.sql)
                     await conn.execute(
-                        "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                        "INSERT INTO schema_migrations (version, name, checksum) "
+                        "VALUES ($1, $2, $3)",
                         migration.version,
                         migration.name,
                         migration.checksum,

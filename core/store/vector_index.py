@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
-
 from core.errors import EmbedderMismatch
 from core.retrieval.embedders import EmbedderIdentity
+from core.store.database import Connection
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +25,7 @@ def index_name(agent_id: int) -> str:
     return f"chunks_embedding_agent_{int(agent_id)}"
 
 
-async def bind_embedder(
-    conn: asyncpg.Connection, agent_id: int, embedder: EmbedderIdentity
-) -> None:
+async def bind_embedder(conn: Connection, agent_id: int, embedder: EmbedderIdentity) -> None:
     """Record the agent's embedder and (re)build its vector index for that size.
 
     The caller makes sure the agent's chunks (if any) are of that size, as rebuild-index does.
@@ -45,13 +42,14 @@ async def bind_embedder(
         await conn.execute(f"DROP INDEX IF EXISTS {name}")
         # Identifiers and sizes are integers we made, never user text.
         await conn.execute(
-            f"CREATE INDEX {name} ON chunks USING hnsw ((embedding::vector({dim})) vector_cosine_ops) "
+            f"CREATE INDEX {name} ON chunks "
+            f"USING hnsw ((embedding::vector({dim})) vector_cosine_ops) "
             f"WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION}) "
             f"WHERE agent_id = {int(agent_id)}"
         )
 
 
-async def check_embedders(conn: asyncpg.Connection, embedder: EmbedderIdentity) -> None:
+async def check_embedders(conn: Connection, embedder: EmbedderIdentity) -> None:
     """Refuse to start when an agent's stored vectors came from another embedder.
 
     An agent without any chunks yet is simply re-bound to the configured embedder.

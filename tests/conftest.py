@@ -1,0 +1,126 @@
+"""Fixtures on real services: PostgreSQL + pgvector, Redis, and the app built by create_app."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from core.settings import Settings
+from core.store import Database, open_database
+from core.store.migrate import migrate
+from tests.support.services import RedisServer, postgres_server, redis_answers, with_database
+
+TEMPLATE = "parley_template"
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Admin URL of the session's PostgreSQL server (one per test session)."""
+    with postgres_server(tmp_path_factory.mktemp("postgres")) as url:
+        yield url
+
+
+async def _admin(url: str, *statements: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def _build_template(admin_url: str) -> None:
+    await _admin(
+        admin_url,
+        f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)',
+        f'CREATE DATABASE "{TEMPLATE}"',
+    )
+    conn = await asyncpg.connect(with_database(admin_url, TEMPLATE))
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def template_database(postgres_url: str) -> str:
+    """A migrated database that each test's own database is copied from."""
+    asyncio.run(_build_template(postgres_url))
+    return TEMPLATE
+
+
+@pytest.fixture
+def fresh_database(postgres_url: str) -> Iterator[str]:
+    """URL of a new, empty database (no migrations applied), dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(postgres_url, f'CREATE DATABASE "{name}" TEMPLATE template0'))
+    yield with_database(postgres_url, name)
+    asyncio.run(_admin(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def database_url(postgres_url: str, template_database: str) -> Iterator[str]:
+    """URL of a migrated database of this test's own, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(postgres_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
+    yield with_database(postgres_url, name)
+    asyncio.run(_admin(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``PARLEY_REDIS_URL``, else the machine's Redis on 6379, else one started here."""
+    given = os.environ.get("PARLEY_REDIS_URL")
+    if given:
+        yield given
+    elif redis_answers("127.0.0.1", 6379):
+        yield "redis://127.0.0.1:6379/0"
+    else:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+        yield server.url
+        server.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis server of this test's own, which the test may stop."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+MakeSettings = Callable[..., Settings]
+
+
+@pytest.fixture
+def make_settings(database_url: str, redis_url: str, tmp_path: Path) -> MakeSettings:
+    """Settings for this test's database and Redis, with any field overridden."""
+
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "database_url": database_url,
+            "redis_url": redis_url,
+            "data_dir": tmp_path / "data",
+        }
+        return Settings(_env_file=None, **{**values, **overrides})  # type: ignore[call-arg]
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: MakeSettings) -> Settings:
+    return make_settings()
+
+
+@pytest.fixture
+async def database(settings: Settings) -> AsyncIterator[Database]:
+    db = await open_database(settings)
+    yield db
+    await db.close()

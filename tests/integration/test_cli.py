@@ -1,0 +1,194 @@
+"""The `parley` command end to end: clear one-line errors, the embedded default, serve."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from tests.support.cli import PARLEY, clean_env, run_parley, wait_until_up
+from tests.support.services import free_port
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("parley: error: ")
+    return lines[0]
+
+
+def _postgres_running_in(pgdata: Path) -> bool:
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        if proc.info["name"] == "postgres" and str(pgdata) in " ".join(proc.info["cmdline"] or []):
+            return True
+    return False
+
+
+def test_help_lists_the_commands(tmp_path: Path) -> None:
+    result = run_parley("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for command in ("serve", "migrate", "agent"):
+        assert command in result.stdout
+    agent_help = run_parley("agent", "--help", cwd=tmp_path)
+    for action in ("create", "list", "show"):
+        assert action in agent_help.stdout
+
+
+def test_agents_on_a_database_url(tmp_path: Path, database_url: str) -> None:
+    created = run_parley(
+        "agent",
+        "create",
+        "shop",
+        "--language",
+        "nl",
+        "--timezone",
+        "Europe/Amsterdam",
+        cwd=tmp_path,
+        PARLEY_DATABASE_URL=database_url,
+    )
+    assert created.returncode == 0, created.stderr
+    assert "created agent shop" in created.stdout
+    widget_key = created.stdout.strip().splitlines()[-1].split()[-1]
+    assert widget_key.startswith("pk_")
+    assert created.stderr == ""  # one-shot commands keep quiet unless asked
+
+    listed = run_parley("agent", "list", "--json", cwd=tmp_path, PARLEY_DATABASE_URL=database_url)
+    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert row["name"] == "shop"
+    assert row["language"] == "nl"
+    assert row["timezone"] == "Europe/Amsterdam"
+    assert row["widget_key"] == widget_key
+
+    again = run_parley("agent", "create", "shop", cwd=tmp_path, PARLEY_DATABASE_URL=database_url)
+    assert "agent 'shop' already exists" in _one_line_error(again)
+    unknown = run_parley("agent", "show", "nope", cwd=tmp_path, PARLEY_DATABASE_URL=database_url)
+    assert "unknown agent 'nope'" in _one_line_error(unknown)
+    bad_zone = run_parley(
+        "agent",
+        "create",
+        "other",
+        "--timezone",
+        "Amsterdam",
+        cwd=tmp_path,
+        PARLEY_DATABASE_URL=database_url,
+    )
+    assert "IANA time zone" in _one_line_error(bad_zone)
+
+
+def test_unreachable_database_is_one_line_without_the_password(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    result = run_parley(
+        "migrate",
+        cwd=tmp_path,
+        PARLEY_DATABASE_URL=f"postgresql://parley:s3cret-pw@127.0.0.1:{port}/parley",
+    )
+    line = _one_line_error(result)
+    assert f"cannot reach the database at 127.0.0.1:{port}/parley" in line
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_invalid_setting_stops_the_start(tmp_path: Path) -> None:
+    result = run_parley("serve", cwd=tmp_path, PARLEY_PORT="eighty")
+    assert _one_line_error(result).startswith("parley: error: invalid setting PARLEY_PORT:")
+
+
+def test_embedded_postgres_starts_is_reused_and_stops(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = run_parley("migrate", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+    assert first.returncode == 0, first.stderr
+    assert "database is at migration 0001 (embedded PostgreSQL)" in first.stdout
+    pgdata = data / "postgres"
+    assert (pgdata / "PG_VERSION").read_text().startswith("16")
+    assert not _postgres_running_in(pgdata)  # stopped cleanly on exit
+
+    created = run_parley("agent", "create", "shop", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+    assert created.returncode == 0, created.stderr
+    listed = run_parley("agent", "list", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+    assert listed.stdout.startswith("shop\t")  # the data outlived the restart
+    assert not _postgres_running_in(pgdata)
+
+
+def test_two_processes_migrating_at_once_both_succeed(tmp_path: Path, fresh_database: str) -> None:
+    procs = [
+        subprocess.Popen(
+            [PARLEY, "migrate"],
+            cwd=tmp_path,
+            env=clean_env(PARLEY_DATABASE_URL=fresh_database),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert all("database is at migration 0001" in out for out, _ in outputs)
+
+
+def test_serve_answers_logs_request_ids_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    data = tmp_path / "data"
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [PARLEY, "serve"],
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=clean_env(PARLEY_PORT=str(port), PARLEY_DATA_DIR=str(data)),
+        )
+        try:
+            wait_until_up(f"http://127.0.0.1:{port}/healthz", process)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/readyz", headers={"X-Request-Id": "req-42"}
+            )
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert json.load(response)["status"] == "ready"
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    output = log_path.read_text()
+    assert "gateway.started" in output
+    assert "http.request method=GET path=/readyz status=200" in output
+    assert "request_id=req-42" in output
+    assert "gateway.stopped" in output
+    assert "Traceback" not in output
+    assert not _postgres_running_in(data / "postgres")
+
+
+def test_serve_on_a_busy_port_is_one_line(tmp_path: Path, database_url: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_parley(
+            "serve", cwd=tmp_path, PARLEY_PORT=str(port), PARLEY_DATABASE_URL=database_url
+        )
+    assert f"port {port} on 127.0.0.1 is already in use" in _one_line_error(result)
+
+
+def test_worker_runs_until_sigterm(tmp_path: Path, database_url: str) -> None:
+    process = subprocess.Popen(
+        [PARLEY, "worker"], cwd=tmp_path, env=clean_env(PARLEY_DATABASE_URL=database_url),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "worker.started" in line:
+            break
+    else:
+        raise AssertionError("the worker never said it started")
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert "worker.stopped" in rest

@@ -1,0 +1,1 @@
+"""Helpers the tests share: real service processes and URL handling."""

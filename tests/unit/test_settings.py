@@ -1,0 +1,114 @@
+"""Settings come from the environment and `.env`; a bad value names its variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.errors import ConfigError
+from core.settings import Settings, load_settings
+
+_OURS = ("PARLEY_", "TWILIO_", "TELEGRAM_", "OPENAI_")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(_OURS):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no stray .env
+
+
+def test_defaults_run_on_a_bare_machine() -> None:
+    settings = load_settings()
+    assert settings.database_url is None  # embedded PostgreSQL
+    assert settings.redis_url is None  # in-process cache
+    assert (settings.host, settings.port) == ("127.0.0.1", 8080)
+    assert settings.data_dir == Path(".parley")
+    assert settings.embed_provider == "use"
+    assert not settings.llm_configured
+    assert settings.twilio_api_base == "https://api.twilio.com"
+    assert settings.telegram_api_base == "https://api.telegram.org"
+
+
+def test_environment_and_vendor_names_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARLEY_PORT", "9090")
+    monkeypatch.setenv("PARLEY_DATABASE_URL", "postgresql://u:pw@db:5432/parley")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", "tw-secret")
+    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", "abc_DEF-123")
+    monkeypatch.setenv("PARLEY_TELEGRAM_API_BASE", "http://127.0.0.1:9999/")
+    settings = load_settings()
+    assert settings.port == 9090
+    assert settings.llm_api_key is not None
+    assert settings.llm_api_key.get_secret_value() == "sk-test"
+    assert settings.llm_configured
+    assert settings.twilio_auth_token is not None
+    assert settings.twilio_auth_token.get_secret_value() == "tw-secret"
+    assert settings.telegram_api_base == "http://127.0.0.1:9999"
+
+
+def test_parley_key_wins_over_openai_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    monkeypatch.setenv("PARLEY_LLM_API_KEY", "sk-parley")
+    settings = load_settings()
+    assert settings.llm_api_key is not None
+    assert settings.llm_api_key.get_secret_value() == "sk-parley"
+
+
+def test_dotenv_file_is_read(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("PARLEY_PORT=8181\nPARLEY_LOG_LEVEL=DEBUG\n")
+    settings = load_settings()
+    assert settings.port == 8181
+    assert settings.log_level == "DEBUG"
+
+
+def test_secrets_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARLEY_DATABASE_URL", "postgresql://u:hunter2@db/parley")
+    monkeypatch.setenv("PARLEY_ADMIN_TOKEN", "admin-hunter2")
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:hunter2")
+    text = repr(load_settings()) + str(load_settings())
+    assert "hunter2" not in text
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "complaint"),
+    [
+        ("PARLEY_PORT", "eighty", "valid integer"),
+        ("PARLEY_PORT", "70000", "less than or equal to 65535"),
+        ("PARLEY_DATABASE_URL", "mysql://localhost/x", "postgresql://"),
+        ("PARLEY_REDIS_URL", "localhost:6379", "redis://"),
+        ("PARLEY_EMBED_PROVIDER", "word2vec", "'use' or 'openai'"),
+        ("PARLEY_LLM_BASE_URL", "api.openai.com", "http:// or https://"),
+        ("TELEGRAM_WEBHOOK_SECRET", "has spaces", "A-Z, a-z, 0-9"),
+        ("PARLEY_REWRITE_TIMEOUT_MS", "5", "greater than or equal to 50"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, complaint: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = caught.value.message
+    assert message.startswith(f"invalid setting {variable}: ")
+    assert complaint in message
+    assert "\n" not in message
+
+
+def test_several_bad_values_are_all_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARLEY_PORT", "x")
+    monkeypatch.setenv("PARLEY_LOG_LEVEL", "LOUD")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "PARLEY_PORT" in caught.value.message
+    assert "PARLEY_LOG_LEVEL" in caught.value.message
+
+
+def test_settings_can_be_built_in_code() -> None:
+    settings = Settings(_env_file=None, port=9000, llm_api_key="k")  # type: ignore[call-arg]
+    assert settings.port == 9000
+    assert settings.llm_configured
