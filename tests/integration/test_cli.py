@@ -179,8 +179,12 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path, database_url: str) -> 
 
 def test_worker_runs_until_sigterm(tmp_path: Path, database_url: str) -> None:
     process = subprocess.Popen(
-        [PARLEY, "worker"], cwd=tmp_path, env=clean_env(PARLEY_DATABASE_URL=database_url),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [PARLEY, "worker"],
+        cwd=tmp_path,
+        env=clean_env(PARLEY_DATABASE_URL=database_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert process.stdout is not None
     for line in process.stdout:
