@@ -1,0 +1,1 @@
+"""Knowledge: sources, crawling, extraction, chunking and indexing of an agent's content."""
