@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +63,23 @@ class Cache(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class Embedder(Protocol):
+    """Turns texts into L2-normalised vectors; ``name`` and ``dimension`` identify the index."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    async def embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        """One row per text, in order, shape (len(texts), dimension)."""
+        ...
+
+
+class Reranker(Protocol):
+    """Scores (query, text) pairs; higher is more relevant, roughly in [0, 1]."""
+
+    async def rerank(self, query: str, texts: Sequence[str]) -> list[float]: ...

@@ -9,13 +9,14 @@ import aiohttp
 from aiohttp import web
 
 from core.cache import open_cache
-from core.retrieval.embedders import configured_embedder
+from core.retrieval.embedders import EmbedderIdentity, close_embedder, open_embedder
 from core.settings import Settings
 from core.store import open_database
 from core.store.vector_index import check_embedders
 from gateway import health
-from gateway.keys import CACHE, DATABASE, HTTP, METRICS, SETTINGS
+from gateway.keys import CACHE, DATABASE, EMBEDDER, HTTP, METRICS, SETTINGS
 from gateway.metrics import HttpMetrics
+from gateway.runtime import HTTP_TIMEOUT
 from gateway.middlewares import errors, metrics, request_context
 
 log = logging.getLogger(__name__)
@@ -24,12 +25,18 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024
 
 
+async def _embedder(app: web.Application) -> AsyncIterator[None]:
+    embedder = await open_embedder(app[SETTINGS])
+    app[EMBEDDER] = embedder
+    yield
+    await close_embedder(embedder)
+
+
 async def _database(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    database = await open_database(settings)
+    database = await open_database(app[SETTINGS])
     try:
         async with database.pool.acquire() as conn:
-            await check_embedders(conn, configured_embedder(settings))
+            await check_embedders(conn, EmbedderIdentity.of(app[EMBEDDER]))
         app[DATABASE] = database
         yield
     finally:
@@ -44,8 +51,7 @@ async def _cache(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _http_session(app: web.Application) -> AsyncIterator[None]:
-    timeout = aiohttp.ClientTimeout(total=60, connect=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
         app[HTTP] = session
         yield
 
@@ -64,6 +70,6 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
-    app.cleanup_ctx.extend([_database, _cache, _http_session, _announce])
+    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _announce])
     app.add_routes(health.routes)
     return app

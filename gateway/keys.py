@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from core.ports import Cache
+from core.ports import Cache, Embedder
 from core.settings import Settings
 from core.store import Database
 from gateway.metrics import HttpMetrics
@@ -13,5 +13,6 @@ from gateway.metrics import HttpMetrics
 SETTINGS = web.AppKey("settings", Settings)
 DATABASE = web.AppKey("database", Database)
 CACHE = web.AppKey("cache", Cache)
+EMBEDDER = web.AppKey("embedder", Embedder)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", HttpMetrics)

@@ -11,43 +11,29 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 
-from core.cache import open_cache
-from core.ports import Cache
-from core.retrieval.embedders import configured_embedder
 from core.settings import Settings
-from core.store import Database, open_database
-from core.store.vector_index import check_embedders
+from gateway.runtime import Runtime, open_runtime
 
 log = logging.getLogger(__name__)
 
-Service = Callable[[Settings, Database, Cache], Awaitable[None]]
+Service = Callable[[Runtime], Awaitable[None]]
 
 # Filled as the durable channels and the scheduler land; each runs until cancelled.
 SERVICES: dict[str, Service] = {}
 
 
 async def run_worker(settings: Settings) -> None:
-    database = await open_database(settings)
-    try:
-        cache = await open_cache(settings)
-        try:
-            async with database.pool.acquire() as conn:
-                await check_embedders(conn, configured_embedder(settings))
-            await _run_until_signalled(settings, database, cache)
-        finally:
-            await cache.close()
-    finally:
-        await database.close()
+    async with open_runtime(settings) as runtime:
+        await _run_until_signalled(runtime)
 
 
-async def _run_until_signalled(settings: Settings, database: Database, cache: Cache) -> None:
+async def _run_until_signalled(runtime: Runtime) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = [
-        asyncio.create_task(service(settings, database, cache), name=name)
-        for name, service in SERVICES.items()
+        asyncio.create_task(service(runtime), name=name) for name, service in SERVICES.items()
     ]
     log.info("worker.started services=%s", ",".join(SERVICES) or "none")
     waiter = asyncio.create_task(stop.wait())

@@ -11,7 +11,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
+from core.cache import RedisCache
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database, open_database
 from core.store.migrate import migrate
@@ -124,3 +127,18 @@ async def database(settings: Settings) -> AsyncIterator[Database]:
     db = await open_database(settings)
     yield db
     await db.close()
+
+
+@pytest.fixture(scope="session")
+def use_embedder() -> UseEmbedder:
+    """The real bundled multilingual encoder, loaded once per test session."""
+    return UseEmbedder()
+
+
+@pytest.fixture
+async def cache(redis_url: str) -> AsyncIterator[RedisCache]:
+    """A Redis cache whose keys are this test's own."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    store = RedisCache(client, prefix=f"test:{uuid.uuid4().hex}:")
+    yield store
+    await store.close()

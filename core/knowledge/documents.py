@@ -59,3 +59,5 @@ class ReadError:
 
     location: str  # path, "path:line" or URL
     reason: str
+    # The page this error is about, when it has one: it stays indexed as it was.
+    url: str | None = None

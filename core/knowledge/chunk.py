@@ -1,0 +1,130 @@
+"""Splits a page's text into chunks on headings and paragraphs, each with its heading path."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from core.knowledge.documents import Document
+
+_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+(?=[\"'(\[]?[A-ZÀ-ÖØ-Þ0-9])")
+
+# Sizes in words (a word is about 1.3 tokens for the languages we serve).
+TARGET_WORDS = 180
+MAX_WORDS = 260
+OVERLAP_WORDS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    ord: int
+    heading: str  # "Title > Section > Subsection"
+    text: str
+
+    def embedding_input(self) -> str:
+        """What the embedder sees: the heading path gives a paragraph its context."""
+        return f"{self.heading}\n{self.text}" if self.heading else self.text
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _sections(doc: Document) -> list[tuple[str, list[str]]]:
+    """(heading path, paragraphs) per section, in order."""
+    path: list[tuple[int, str]] = []
+    sections: list[tuple[str, list[str]]] = []
+    paragraphs: list[str] = []
+    current: list[str] = []
+
+    def heading_path() -> str:
+        names = [name for _, name in path]
+        if doc.title and (not names or names[0].casefold() != doc.title.casefold()):
+            names.insert(0, doc.title)
+        return " > ".join(names)
+
+    def flush_paragraph() -> None:
+        if current:
+            paragraphs.append(" ".join(line.strip() for line in current).strip())
+            current.clear()
+
+    def flush_section() -> None:
+        flush_paragraph()
+        kept = [p for p in paragraphs if p]
+        if kept:
+            sections.append((heading_path(), kept))
+        paragraphs.clear()
+
+    for line in doc.text.splitlines():
+        match = _HEADING.match(line.strip())
+        if match:
+            flush_section()
+            level = len(match.group(1))
+            path[:] = [(lvl, name) for lvl, name in path if lvl < level]
+            path.append((level, match.group(2).strip()))
+        elif not line.strip():
+            flush_paragraph()
+        elif line.lstrip().startswith(("- ", "* ", "|")) or re.match(r"^\s*\d+[.)]\s", line):
+            # List items and table rows stay on their own lines inside one paragraph.
+            flush_paragraph()
+            paragraphs.append(line.strip())
+        else:
+            current.append(line)
+    flush_section()
+    return sections
+
+
+def _sentences(paragraph: str) -> list[str]:
+    return [s for s in _SENTENCE_END.split(paragraph) if s.strip()]
+
+
+def _split_long(paragraph: str) -> list[str]:
+    """A paragraph over the limit, cut between sentences (or words, for run-on text)."""
+    pieces: list[str] = []
+    current: list[str] = []
+    for sentence in _sentences(paragraph):
+        words = sentence.split()
+        while len(words) > MAX_WORDS:  # one enormous sentence
+            pieces.append(" ".join(words[:MAX_WORDS]))
+            words = words[MAX_WORDS:]
+        sentence = " ".join(words)
+        if current and _words(" ".join(current)) + len(words) > TARGET_WORDS:
+            pieces.append(" ".join(current))
+            current = []
+        current.append(sentence)
+    if current:
+        pieces.append(" ".join(current))
+    return pieces
+
+
+def _tail(text: str, words: int) -> str:
+    """The last sentences of a chunk, up to ``words`` words, carried into the next one."""
+    kept: list[str] = []
+    for sentence in reversed(_sentences(text)):
+        if _words(" ".join([sentence, *kept])) > words:
+            break
+        kept.insert(0, sentence)
+    return " ".join(kept)
+
+
+def chunk_document(doc: Document) -> list[Chunk]:
+    """Chunks of a few hundred tokens that never cross a heading; neighbours overlap a little."""
+    chunks: list[Chunk] = []
+    for heading, paragraphs in _sections(doc):
+        units: list[str] = []
+        for paragraph in paragraphs:
+            units.extend(_split_long(paragraph) if _words(paragraph) > MAX_WORDS else [paragraph])
+        buffer: list[str] = []
+        for unit in units:
+            if buffer and _words("\n".join(buffer)) + _words(unit) > TARGET_WORDS:
+                text = "\n".join(buffer)
+                chunks.append(Chunk(len(chunks), heading, text))
+                overlap = _tail(text, OVERLAP_WORDS)
+                buffer = [overlap] if overlap and overlap != text else []
+            buffer.append(unit)
+        if buffer:
+            chunks.append(Chunk(len(chunks), heading, "\n".join(buffer)))
+    if not chunks and doc.title.strip():
+        chunks.append(Chunk(0, doc.title.strip(), doc.title.strip()))
+    return chunks

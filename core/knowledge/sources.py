@@ -1,0 +1,183 @@
+"""Reading local sources: a directory of .md/.html/.txt files, one such file, or a .jsonl file."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from core.errors import InvalidInput
+from core.knowledge.classify import infer_page_type
+from core.knowledge.documents import Document, ReadError
+from core.knowledge.extract import extract_page
+from core.knowledge.locale import resolve_locale
+
+log = logging.getLogger(__name__)
+
+SourceKind = Literal["directory", "file", "jsonl", "url", "sitemap"]
+TEXT_SUFFIXES = (".md", ".markdown", ".txt")
+HTML_SUFFIXES = (".html", ".htm")
+MAX_FILE_BYTES = 5_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """Where content comes from: ``location`` is an absolute path or an http(s) URL."""
+
+    kind: SourceKind
+    location: str
+
+    @property
+    def is_remote(self) -> bool:
+        return self.kind in ("url", "sitemap")
+
+
+def parse_source(argument: str) -> SourceSpec:
+    """What `parley ingest` was pointed at."""
+    if argument.startswith(("http://", "https://")):
+        if not urlsplit(argument).hostname:
+            raise InvalidInput(f"{argument!r} is not a valid URL")
+        kind: SourceKind = "sitemap" if urlsplit(argument).path.endswith(".xml") else "url"
+        return SourceSpec(kind, argument)
+    path = Path(argument).expanduser().resolve()
+    if path.is_dir():
+        return SourceSpec("directory", str(path))
+    if path.suffix == ".jsonl" and path.is_file():
+        return SourceSpec("jsonl", str(path))
+    if path.suffix.lower() in TEXT_SUFFIXES + HTML_SUFFIXES and path.is_file():
+        return SourceSpec("file", str(path))
+    if not path.exists():
+        raise InvalidInput(f"{argument}: no such file or directory")
+    raise InvalidInput(
+        f"{argument}: expected a directory, a .jsonl file, a .md/.html/.txt file or an http(s) URL"
+    )
+
+
+class JsonlPage(BaseModel):
+    """One line of a .jsonl source."""
+
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    url: str = Field(min_length=1)
+    title: str = ""
+    text: str = Field(min_length=1)
+    lang: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    visibility: Literal["public", "internal"] = "public"
+    page_type: str | None = None
+
+
+def _title_of_markdown(text: str, fallback: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+        if line.strip():
+            break
+    return fallback
+
+
+def _url_for(root: Path, path: Path, base_url: str | None) -> str:
+    relative = path.relative_to(root).as_posix()
+    return f"{base_url.rstrip('/')}/{relative}" if base_url else f"/{relative}"
+
+
+def read_file(path: Path, url: str) -> Document | ReadError:
+    """One .md/.txt/.html file as a page; unreadable files become a `ReadError`."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return ReadError(str(path), f"larger than {MAX_FILE_BYTES // 1_000_000} MB", url)
+        raw = path.read_bytes()
+    except OSError as exc:
+        return ReadError(str(path), exc.strerror or type(exc).__name__, url)
+    if path.suffix.lower() in HTML_SUFFIXES:
+        return extract_page(raw, url)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return ReadError(str(path), f"not UTF-8 text (byte {exc.start})", url)
+    title = _title_of_markdown(text, path.stem.replace("-", " ").replace("_", " ").title())
+    return Document(
+        url=url,
+        title=title,
+        text=text,
+        locale=resolve_locale(url, None, text),
+        page_type=infer_page_type(url, title),
+    )
+
+
+def read_directory(root: Path, base_url: str | None = None) -> Iterator[Document | ReadError]:
+    """Every .md/.html/.txt file under ``root``, in a stable order; hidden folders skipped."""
+    suffixes = TEXT_SUFFIXES + HTML_SUFFIXES
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if any(part.startswith(".") for part in relative.parts):
+            continue
+        if path.suffix.lower() in suffixes and (path.is_file() or path.is_symlink()):
+            yield read_file(path, _url_for(root, path, base_url))
+
+
+def read_jsonl(path: Path) -> Iterator[Document | ReadError]:
+    """Pages of a .jsonl file; a malformed line is reported with its line number and skipped."""
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        yield ReadError(str(path), exc.strerror or type(exc).__name__)
+        return
+    with handle:
+        number = 0
+        while True:
+            number += 1
+            try:
+                line = handle.readline()
+            except UnicodeDecodeError:
+                yield ReadError(f"{path}:{number}", "not UTF-8 text")
+                continue
+            if not line:
+                return
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield ReadError(f"{path}:{number}", f"invalid JSON ({exc.msg})")
+                continue
+            try:
+                page = JsonlPage.model_validate(data)
+            except ValidationError as exc:
+                problem = exc.errors()[0]
+                field = ".".join(str(p) for p in problem["loc"]) or "line"
+                url = data.get("url") if isinstance(data, dict) else None
+                yield ReadError(
+                    f"{path}:{number}",
+                    f"{field}: {problem['msg']}",
+                    url if isinstance(url, str) else None,
+                )
+                continue
+            title = page.title or _title_of_markdown(page.text, page.url)
+            yield Document(
+                url=page.url,
+                title=title,
+                text=page.text,
+                locale=resolve_locale(page.url, page.lang, page.text),
+                tags=tuple(sorted(set(page.tags))),
+                visibility=page.visibility,
+                page_type=page.page_type or infer_page_type(page.url, title),
+            )
+
+
+def read_local(spec: SourceSpec, base_url: str | None = None) -> Iterator[Document | ReadError]:
+    path = Path(spec.location)
+    if spec.kind == "directory":
+        yield from read_directory(path, base_url)
+    elif spec.kind == "jsonl":
+        yield from read_jsonl(path)
+    elif spec.kind == "file":
+        yield read_file(path, _url_for(path.parent, path, base_url))
+    else:
+        raise ValueError(f"{spec.kind} is not a local source")

@@ -1,0 +1,304 @@
+"""Ranked, filtered, cached retrieval for one question: the part every answer depends on."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import aiohttp
+import asyncpg
+import numpy as np
+from numpy.typing import NDArray
+
+from core.errors import Unavailable
+from core.knowledge.locale import detect_language, language_of
+from core.ports import Cache, Embedder, Reranker
+from core.retrieval.boosts import QuerySignals, boost_for
+from core.retrieval.fusion import Fusion, fuse
+from core.retrieval.rerank import HttpReranker
+from core.settings import Settings
+from core.store.agents import Agent
+from core.store.search import Candidate, ChunkSearch, SearchFilters
+
+log = logging.getLogger(__name__)
+
+CACHE_TTL = 30 * 60
+FAN_OUT = 5  # candidates fetched per list for every hit returned
+RERANK_TOP = 20
+LOW_CONFIDENCE_BELOW = 2  # survivors
+Mode = Literal["hybrid", "dense", "lexical"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalQuery:
+    agent: Agent
+    text: str
+    k: int = 8
+    page_url: str | None = None
+    reply_language: str | None = None
+    visibility: tuple[str, ...] = ("public",)
+    include_tags: tuple[str, ...] = ()
+    exclude_tags: tuple[str, ...] = ()
+    mode: Mode = "hybrid"
+    fusion: Fusion = "calibrated"
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    chunk_id: int
+    page_id: int
+    url: str
+    title: str
+    heading: str
+    text: str
+    locale: str | None
+    page_type: str
+    match: float  # max(ANN similarity, rerank score), before boosts: what "confidence" means
+    dense: float
+    lexical: float
+    rerank: float | None
+    boost: float
+    score: float  # ranking score: fused (or reranked) + boosts
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalResult:
+    hits: tuple[Hit, ...]  # survivors of the threshold, best first, at most k
+    ranked: tuple[Hit, ...]  # the k best by score whether or not they pass (for search, traces)
+    low_confidence: bool
+    confidence: float | None  # best pre-boost match among the candidates considered
+    query_language: str | None
+    folder_language: str | None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    cached: bool = False
+
+    def pages(self, ranked: bool = False) -> list[Hit]:
+        """The best hit of each page, in rank order (of the survivors, or of all ranked)."""
+        seen: set[str] = set()
+        best = []
+        for hit in self.ranked if ranked else self.hits:
+            if hit.url not in seen:
+                seen.add(hit.url)
+                best.append(hit)
+        return best
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> RetrievalResult:
+        data = json.loads(text)
+        def hits(rows: list[dict[str, object]]) -> tuple[Hit, ...]:
+            return tuple(Hit(**{**h, "reasons": tuple(h["reasons"])}) for h in rows)  # type: ignore[arg-type]
+
+        return cls(
+            hits=hits(data.pop("hits")), ranked=hits(data.pop("ranked")), **{**data, "cached": True}
+        )
+
+
+class Retriever:
+    def __init__(
+        self,
+        search: ChunkSearch,
+        embedder: Embedder,
+        cache: Cache,
+        reranker: Reranker | None = None,
+    ) -> None:
+        self._search = search
+        self._embedder = embedder
+        self._cache = cache
+        self._reranker = reranker
+
+    async def retrieve(
+        self, query: RetrievalQuery, vector: NDArray[np.float32] | None = None
+    ) -> RetrievalResult:
+        key = _cache_key(query)
+        cached = await self._cache.get(key)
+        if cached is not None:
+            return RetrievalResult.from_json(cached)
+        result = await self._retrieve(query, vector)
+        await self._cache.set(key, result.to_json(), ttl=CACHE_TTL)
+        return result
+
+    async def embed_queries(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        """Question vectors in one batch, for callers that retrieve many at once."""
+        return await self._embedder.embed(list(texts))
+
+    async def _retrieve(
+        self, query: RetrievalQuery, vector: NDArray[np.float32] | None
+    ) -> RetrievalResult:
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        agent = query.agent
+        language = (
+            language_of(query.reply_language) if query.reply_language else detect_language(query.text)
+        )
+        folder = await self._folder_language(agent, language)
+        filters = SearchFilters(
+            visibility=query.visibility,
+            include_tags=query.include_tags,
+            exclude_tags=query.exclude_tags,
+            folder_language=folder,
+        )
+        if vector is None:
+            vector = (await self._embedder.embed([query.text]))[0]
+        timings["embed"] = _ms(started)
+
+        limit = max(query.k * FAN_OUT, 20)
+        dimension = agent.embedding_dim or self._embedder.dimension
+        step = time.perf_counter()
+        dense_task = (
+            self._search.dense(agent.id, dimension, vector, limit, filters)
+            if query.mode != "lexical"
+            else _nothing()
+        )
+        lexical_task = (
+            self._search.lexical(agent.id, dimension, vector, query.text, language, limit, filters)
+            if query.mode != "dense"
+            else _nothing()
+        )
+        dense, lexical = await asyncio.gather(dense_task, lexical_task)
+        timings["search"] = _ms(step)
+
+        if query.mode == "dense":
+            ranked = [(c, c.dense) for c in dense]
+        elif query.mode == "lexical":
+            ranked = [(c, c.lexical) for c in lexical]
+        else:
+            ranked = [(f.candidate, f.score) for f in fuse(dense, lexical, language, query.fusion)]
+
+        step = time.perf_counter()
+        reranked = await self._rerank(query.text, ranked[:RERANK_TOP])
+        timings["rerank"] = _ms(step)
+
+        hits = self._gate(query, ranked, reranked)
+        hits.sort(key=lambda pair: pair[0].score, reverse=True)
+        survivors = [h for h, passed in hits if passed]
+        confidence = max((h.match for h, _ in hits), default=None)
+        timings["total"] = _ms(started)
+        return RetrievalResult(
+            hits=tuple(survivors[: query.k]),
+            ranked=tuple(h for h, _ in hits[: query.k]),
+            low_confidence=len(survivors) < LOW_CONFIDENCE_BELOW,
+            confidence=confidence,
+            query_language=language,
+            folder_language=folder,
+            timings_ms=timings,
+        )
+
+    async def _folder_language(self, agent: Agent, language: str | None) -> str | None:
+        """The language folder allowed for this reply language (see the language-folder rule)."""
+        if language is None:
+            return None
+        key = f"languages:{agent.id}:{agent.knowledge_version}"
+        cached = await self._cache.get(key)
+        if cached is None:
+            languages = await self._search.languages(agent.id)
+            await self._cache.set(key, json.dumps(sorted(languages)), ttl=CACHE_TTL)
+        else:
+            languages = set(json.loads(cached))
+        if language in languages:
+            return language
+        return language_of(agent.default_language)
+
+    async def _rerank(
+        self, question: str, ranked: list[tuple[Candidate, float]]
+    ) -> dict[int, float]:
+        if self._reranker is None or not ranked:
+            return {}
+        try:
+            scores = await self._reranker.rerank(
+                question, [f"{c.heading}\n{c.text}" for c, _ in ranked]
+            )
+        except Unavailable as exc:
+            log.warning("retrieval.rerank.failed reason=%s", exc.message)
+            return {}
+        return {c.chunk_id: s for (c, _), s in zip(ranked, scores, strict=True)}
+
+    def _gate(
+        self,
+        query: RetrievalQuery,
+        ranked: list[tuple[Candidate, float]],
+        reranked: dict[int, float],
+    ) -> list[tuple[Hit, bool]]:
+        """Score, boost and threshold every candidate; (hit, survived) in rank order."""
+        signals = QuerySignals.of(query.text)
+        threshold = query.agent.confidence_threshold
+        out = []
+        for candidate, fused in ranked:
+            rerank = reranked.get(candidate.chunk_id)
+            match = candidate.dense if rerank is None else max(candidate.dense, rerank)
+            boost = boost_for(
+                signals=signals,
+                url=candidate.url,
+                page_type=candidate.page_type,
+                text=candidate.text,
+                match=match,
+                threshold=threshold,
+                page_url=query.page_url,
+            )
+            base = fused if rerank is None else rerank
+            hit = Hit(
+                chunk_id=candidate.chunk_id,
+                page_id=candidate.page_id,
+                url=candidate.url,
+                title=candidate.title,
+                heading=candidate.heading,
+                text=candidate.text,
+                locale=candidate.locale,
+                page_type=candidate.page_type,
+                match=round(match, 4),
+                dense=round(candidate.dense, 4),
+                lexical=round(candidate.lexical, 4),
+                rerank=None if rerank is None else round(rerank, 4),
+                boost=round(boost.amount, 4),
+                score=round(base + boost.amount, 4),
+                reasons=boost.reasons,
+            )
+            out.append((hit, match + boost.amount >= boost.threshold))
+        return out
+
+
+async def _nothing() -> list[Candidate]:
+    return []
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 2)
+
+
+def _cache_key(query: RetrievalQuery) -> str:
+    params = [
+        query.text.strip(),
+        query.k,
+        query.page_url,
+        query.reply_language,
+        query.visibility,
+        query.include_tags,
+        query.exclude_tags,
+        query.mode,
+        query.fusion,
+        query.agent.confidence_threshold,
+    ]
+    digest = hashlib.sha256(json.dumps(params, default=list).encode()).hexdigest()[:32]
+    return f"retrieval:{query.agent.id}:{query.agent.knowledge_version}:{digest}"
+
+
+def build_retriever(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    embedder: Embedder,
+    cache: Cache,
+    session: aiohttp.ClientSession,
+) -> Retriever:
+    """The retriever the settings describe (with the reranker when one is configured)."""
+    reranker = HttpReranker(session, settings.rerank_url) if settings.rerank_url else None
+    return Retriever(ChunkSearch(pool), embedder, cache, reranker)

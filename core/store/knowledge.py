@@ -1,0 +1,244 @@
+"""Sources, pages and chunks: the SQL behind ingestion and index rebuilds."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+import numpy as np
+from numpy.typing import NDArray
+
+from core.errors import NotFound
+from core.knowledge.chunk import Chunk
+from core.knowledge.documents import Document
+from core.knowledge.locale import language_of, locale_from_url
+from core.retrieval.embedders import EmbedderIdentity
+from core.store.database import Connection
+from core.store.vector_index import bind_embedder, index_name
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    id: int
+    agent_id: int
+    kind: str
+    location: str
+    status: str
+    last_crawled_at: datetime | None
+    last_error: str | None
+    pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPage:
+    id: int
+    source_id: int
+    content_hash: bytes
+    etag: str | None
+    last_modified: str | None
+
+
+def folder_language(url: str) -> str | None:
+    folder = locale_from_url(url)
+    return language_of(folder) if folder else None
+
+
+class KnowledgeStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def upsert_source(self, agent_id: int, kind: str, location: str) -> int:
+        source_id: int = await self._pool.fetchval(
+            """INSERT INTO sources (agent_id, kind, location) VALUES ($1, $2, $3)
+               ON CONFLICT (agent_id, kind, location) DO UPDATE SET kind = EXCLUDED.kind
+               RETURNING id""",
+            agent_id,
+            kind,
+            location,
+        )
+        return source_id
+
+    async def set_source_status(self, source_id: int, status: str, error: str | None) -> None:
+        await self._pool.execute(
+            """UPDATE sources SET status = $2, last_error = $3,
+                      last_crawled_at = CASE WHEN $2 IN ('ready', 'failed') THEN now()
+                                             ELSE last_crawled_at END
+                WHERE id = $1""",
+            source_id,
+            status,
+            error,
+        )
+
+    async def list_sources(self, agent_id: int) -> list[SourceRecord]:
+        rows = await self._pool.fetch(
+            """SELECT s.id, s.agent_id, s.kind, s.location, s.status, s.last_crawled_at,
+                      s.last_error, (SELECT count(*) FROM pages p WHERE p.source_id = s.id) AS pages
+                 FROM sources s WHERE s.agent_id = $1 ORDER BY s.id""",
+            agent_id,
+        )
+        return [SourceRecord(**dict(r)) for r in rows]
+
+    async def remove_source(self, agent_id: int, source_id: int) -> int:
+        """Delete a source with its pages and chunks; returns the number of pages removed."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            pages = await conn.fetchval("SELECT count(*) FROM pages WHERE source_id = $1", source_id)
+            deleted = await conn.execute(
+                "DELETE FROM sources WHERE id = $1 AND agent_id = $2", source_id, agent_id
+            )
+            if deleted == "DELETE 0":
+                raise NotFound(f"no source {source_id} for this agent")
+            await bump_knowledge_version(conn, agent_id)
+        return int(pages)
+
+    async def stored_pages(self, agent_id: int) -> dict[str, StoredPage]:
+        rows = await self._pool.fetch(
+            """SELECT url, id, source_id, content_hash, etag, last_modified
+                 FROM pages WHERE agent_id = $1""",
+            agent_id,
+        )
+        return {r["url"]: StoredPage(**{k: r[k] for k in r.keys() if k != "url"}) for r in rows}
+
+    async def write_page(
+        self,
+        agent_id: int,
+        source_id: int,
+        doc: Document,
+        chunks: Sequence[Chunk],
+        vectors: NDArray[np.float32],
+    ) -> None:
+        """Insert or replace a page and all its chunks in one transaction."""
+        folder = folder_language(doc.url)
+        async with self._pool.acquire() as conn, conn.transaction():
+            page_id = await _upsert_page(conn, agent_id, source_id, doc)
+            await conn.execute("DELETE FROM chunks WHERE page_id = $1", page_id)
+            await conn.copy_records_to_table(
+                "chunks",
+                columns=[
+                    "agent_id", "page_id", "ord", "heading", "text", "locale", "visibility",
+                    "tags", "page_type", "embedding", "folder_language",
+                ],  # fmt: skip
+                records=[
+                    (
+                        agent_id, page_id, chunk.ord, chunk.heading, chunk.text, doc.locale,
+                        doc.visibility, list(doc.tags), doc.page_type, vector, folder,
+                    )  # fmt: skip
+                    for chunk, vector in zip(chunks, vectors, strict=True)
+                ],
+            )
+
+    async def touch_page(self, agent_id: int, source_id: int, doc: Document) -> None:
+        """An unchanged page: keep its chunks, refresh validators and ownership."""
+        await self._pool.execute(
+            """UPDATE pages SET source_id = $3, etag = $4, last_modified = $5, fetched_at = now()
+                WHERE agent_id = $1 AND url = $2""",
+            agent_id,
+            doc.url,
+            source_id,
+            doc.etag,
+            doc.last_modified,
+        )
+
+    async def prune(self, source_id: int, keep: Iterable[str]) -> int:
+        """Delete this source's pages whose URLs were not seen in the latest read."""
+        result = await self._pool.execute(
+            "DELETE FROM pages WHERE source_id = $1 AND NOT (url = ANY($2::text[]))",
+            source_id,
+            list(keep),
+        )
+        return int(result.split()[-1])
+
+    async def count_chunks(self, agent_id: int) -> int:
+        count: int = await self._pool.fetchval(
+            "SELECT count(*) FROM chunks WHERE agent_id = $1", agent_id
+        )
+        return count
+
+    async def bump_version(self, agent_id: int) -> int:
+        async with self._pool.acquire() as conn:
+            return await bump_knowledge_version(conn, agent_id)
+
+
+async def _upsert_page(conn: Connection, agent_id: int, source_id: int, doc: Document) -> int:
+    page_id: int = await conn.fetchval(
+        """INSERT INTO pages (agent_id, source_id, url, title, locale, visibility, tags,
+                              page_type, product, content_hash, etag, last_modified)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+           ON CONFLICT (agent_id, url) DO UPDATE SET
+               source_id = EXCLUDED.source_id, title = EXCLUDED.title,
+               locale = EXCLUDED.locale, visibility = EXCLUDED.visibility,
+               tags = EXCLUDED.tags, page_type = EXCLUDED.page_type,
+               product = EXCLUDED.product, content_hash = EXCLUDED.content_hash,
+               etag = EXCLUDED.etag, last_modified = EXCLUDED.last_modified,
+               fetched_at = now()
+           RETURNING id""",
+        agent_id,
+        source_id,
+        doc.url,
+        doc.title,
+        doc.locale,
+        doc.visibility,
+        list(doc.tags),
+        doc.page_type,
+        dict(doc.product) if doc.product is not None else None,
+        doc.content_hash,
+        doc.etag,
+        doc.last_modified,
+    )
+    return page_id
+
+
+async def bump_knowledge_version(conn: Connection, agent_id: int) -> int:
+    """Every knowledge change moves the version, which every retrieval cache key contains."""
+    version: int = await conn.fetchval(
+        """UPDATE agents SET knowledge_version = knowledge_version + 1, updated_at = now()
+            WHERE id = $1 RETURNING knowledge_version""",
+        agent_id,
+    )
+    return version
+
+
+EmbedFn = Callable[[list[str]], Awaitable[NDArray[np.float32]]]
+
+
+async def reembed_agent(
+    pool: asyncpg.Pool,
+    agent_id: int,
+    embedder: EmbedderIdentity,
+    embed: EmbedFn,
+    *,
+    batch: int = 256,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Re-embed every chunk of an agent and rebuild its index, all in one transaction.
+
+    Until the commit, searches keep using the old vectors; a failure leaves them untouched.
+    Returns the number of chunks re-embedded.
+    """
+    done = 0
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(f"DROP INDEX IF EXISTS {index_name(agent_id)}")
+        last = 0
+        while True:
+            rows = await conn.fetch(
+                """SELECT id, heading, text FROM chunks
+                    WHERE agent_id = $1 AND id > $2 ORDER BY id LIMIT $3""",
+                agent_id,
+                last,
+                batch,
+            )
+            if not rows:
+                break
+            vectors = await embed([Chunk(0, r["heading"], r["text"]).embedding_input() for r in rows])
+            await conn.executemany(
+                "UPDATE chunks SET embedding = $2 WHERE id = $1",
+                [(r["id"], v) for r, v in zip(rows, vectors, strict=True)],
+            )
+            last = rows[-1]["id"]
+            done += len(rows)
+            if on_batch:
+                on_batch(len(rows))
+        await bind_embedder(conn, agent_id, embedder)
+        await bump_knowledge_version(conn, agent_id)
+    return done

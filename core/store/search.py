@@ -1,0 +1,155 @@
+"""Candidate generation in SQL: ANN over the agent's HNSW index and Postgres full-text search,
+with visibility, tags and the language-folder rule applied in the same queries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+import numpy as np
+from numpy.typing import NDArray
+
+from core.store.database import Connection
+
+# Above this many candidates per request, HNSW's ef_search grows with the request.
+_MIN_EF_SEARCH = 100
+_MAX_EF_SEARCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SearchFilters:
+    visibility: tuple[str, ...] = ("public",)
+    include_tags: tuple[str, ...] = ()
+    exclude_tags: tuple[str, ...] = ()
+    # Pages under another language's folder are left out; None switches the rule off.
+    folder_language: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    chunk_id: int
+    page_id: int
+    url: str
+    title: str
+    heading: str
+    text: str
+    locale: str | None
+    page_type: str
+    tags: tuple[str, ...]
+    dense: float  # cosine similarity to the query
+    lexical: float  # full-text rank in [0, 1), 0 when the words do not match
+
+
+_COLUMNS = """c.id AS chunk_id, c.page_id, p.url, p.title, c.heading, c.text, c.locale,
+              c.page_type, c.tags"""
+
+_FILTERS = """c.agent_id = $1
+          AND c.visibility = ANY($3::text[])
+          AND (cardinality($4::text[]) = 0 OR c.tags && $4::text[])
+          AND NOT (c.tags && $5::text[])
+          AND ($6::text IS NULL OR c.folder_language IS NULL OR c.folder_language = $6)"""
+
+
+def _candidate(row: asyncpg.Record) -> Candidate:
+    values = dict(row)
+    values["tags"] = tuple(values["tags"])
+    values["lexical"] = float(values.get("lexical") or 0.0)
+    values["dense"] = float(values["dense"])
+    return Candidate(**values)
+
+
+class ChunkSearch:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @staticmethod
+    def _args(
+        agent_id: int, vector: NDArray[np.float32], filters: SearchFilters
+    ) -> tuple[object, ...]:
+        return (
+            agent_id,
+            vector,
+            list(filters.visibility),
+            list(filters.include_tags),
+            list(filters.exclude_tags),
+            filters.folder_language,
+        )
+
+    async def dense(
+        self,
+        agent_id: int,
+        dimension: int,
+        vector: NDArray[np.float32],
+        limit: int,
+        filters: SearchFilters,
+    ) -> list[Candidate]:
+        """Nearest chunks by cosine distance through the agent's own HNSW index.
+
+        pgvector 0.6 filters after the index scan, so a selective filter can leave fewer than
+        ``limit`` rows; then an exact scan over the agent's rows answers instead.
+        """
+        dim = int(dimension)
+        sql = f"""SELECT {_COLUMNS}, 1 - (c.embedding::vector({dim}) <=> $2) AS dense
+                    FROM chunks c JOIN pages p ON p.id = c.page_id
+                   WHERE {_FILTERS}
+                   ORDER BY c.embedding::vector({dim}) <=> $2
+                   LIMIT $7"""
+        args = (*self._args(agent_id, vector, filters), limit)
+        ef_search = min(_MAX_EF_SEARCH, max(_MIN_EF_SEARCH, 2 * limit))
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
+            rows = await conn.fetch(sql, *args)
+            if len(rows) < limit and await _has_more(conn, agent_id, len(rows)):
+                await conn.execute("SET LOCAL enable_indexscan = off")
+                rows = await conn.fetch(sql, *args)
+        return [_candidate(r) for r in rows]
+
+    async def lexical(
+        self,
+        agent_id: int,
+        dimension: int,
+        vector: NDArray[np.float32],
+        query: str,
+        language: str | None,
+        limit: int,
+        filters: SearchFilters,
+    ) -> list[Candidate]:
+        """Chunks sharing any stemmed word with the query, ranked by cover density.
+
+        The words are OR-ed: visitors' questions are full sentences that no chunk matches
+        word for word. The dense similarity is computed too, so fusion compares like with like.
+        """
+        dim = int(dimension)
+        sql = f"""WITH q AS (
+                      SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS query
+                        FROM unnest(to_tsvector(parley_ts_config($8), $9))
+                  )
+                  SELECT {_COLUMNS}, 1 - (c.embedding::vector({dim}) <=> $2) AS dense,
+                         ts_rank_cd(c.tsv, q.query, 32) AS lexical
+                    FROM q, chunks c JOIN pages p ON p.id = c.page_id
+                   WHERE {_FILTERS} AND c.tsv @@ q.query
+                   ORDER BY lexical DESC
+                   LIMIT $7"""
+        rows = await self._pool.fetch(
+            sql, *self._args(agent_id, vector, filters), limit, language, query
+        )
+        return [_candidate(r) for r in rows]
+
+    async def languages(self, agent_id: int) -> set[str]:
+        """The languages the agent has pages in (by page locale)."""
+        rows = await self._pool.fetch(
+            """SELECT DISTINCT split_part(locale, '-', 1) AS language
+                 FROM pages WHERE agent_id = $1 AND locale IS NOT NULL""",
+            agent_id,
+        )
+        return {r["language"] for r in rows}
+
+
+async def _has_more(conn: Connection, agent_id: int, found: int) -> bool:
+    more: bool = await conn.fetchval(
+        "SELECT count(*) > $2 FROM (SELECT 1 FROM chunks WHERE agent_id = $1 LIMIT $2 + 1) s",
+        agent_id,
+        found,
+    )
+    return more

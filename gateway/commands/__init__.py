@@ -1,0 +1,1 @@
+"""The `parley` subcommands, one module per area; `gateway.cli` parses and dispatches."""

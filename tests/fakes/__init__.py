@@ -1,0 +1,1 @@
+"""Small local servers that speak providers' wire formats, for the real client libraries."""
