@@ -39,7 +39,7 @@ IDENTITY = EmbedderIdentity("use:universal-sentence-encoder-multilingual-3", DIM
 
 def _percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def _unit(rows: np.ndarray) -> np.ndarray:
@@ -57,19 +57,25 @@ class Corpus:
         topics = self.rng.integers(0, len(self.centres), size)
         vectors = _unit(self.centres[topics] + self.rng.normal(size=(size, DIM)) / np.sqrt(DIM))
         words = self.vocabulary[self.rng.integers(0, len(self.vocabulary), (size, 60))]
-        texts = [f"topic{t} {' '.join(row)} subject{t}" for t, row in zip(topics, words, strict=True)]
+        texts = [
+            f"topic{t} {' '.join(row)} subject{t}" for t, row in zip(topics, words, strict=True)
+        ]
         return vectors, texts
 
     def queries(self, count: int) -> tuple[np.ndarray, list[str]]:
         topics = self.rng.integers(0, len(self.centres), count)
         vectors = _unit(self.centres[topics] + self.rng.normal(size=(count, DIM)) / np.sqrt(DIM))
-        texts = [f"question {i} about topic{t} w{int(self.rng.integers(0, 20000))}" for i, t in enumerate(topics)]
+        texts = [
+            f"question {i} about topic{t} w{int(self.rng.integers(0, 20000))}"
+            for i, t in enumerate(topics)
+        ]
         return vectors, texts
 
 
 async def _load(pool: asyncpg.Pool, agent_id: int, corpus: Corpus) -> None:
     source = await pool.fetchval(
-        "INSERT INTO sources (agent_id, kind, location) VALUES ($1, 'text', 'bench') RETURNING id", agent_id
+        "INSERT INTO sources (agent_id, kind, location) VALUES ($1, 'text', 'bench') RETURNING id",
+        agent_id,
     )
     batch = 5000
     for start in range(0, corpus.n, batch):
@@ -81,15 +87,35 @@ async def _load(pool: asyncpg.Pool, agent_id: int, corpus: Corpus) -> None:
                 """INSERT INTO pages (agent_id, source_id, url, title, locale, content_hash)
                    SELECT $1, $2, '/p/' || g, 'Page ' || g, 'en', '\\x00'
                      FROM generate_series($3::int, $4::int) g ORDER BY g RETURNING id""",
-                agent_id, source, start // 10, (start + size - 1) // 10,
+                agent_id,
+                source,
+                start // 10,
+                (start + size - 1) // 10,
             )
             pages = [r["id"] for r in page_ids]
             await conn.copy_records_to_table(
                 "chunks",
-                columns=["agent_id", "page_id", "ord", "heading", "text", "locale", "embedding", "folder_language"],
+                columns=[
+                    "agent_id",
+                    "page_id",
+                    "ord",
+                    "heading",
+                    "text",
+                    "locale",
+                    "embedding",
+                    "folder_language",
+                ],
                 records=[
-                    (agent_id, pages[i // 10 - start // 10], i % 10, "Page", texts[i - start], "en",
-                     vectors[i - start], None)
+                    (
+                        agent_id,
+                        pages[i // 10 - start // 10],
+                        i % 10,
+                        "Page",
+                        texts[i - start],
+                        "en",
+                        vectors[i - start],
+                        None,
+                    )
                     for i in range(start, start + size)
                 ],
             )
@@ -101,8 +127,11 @@ async def _exact(pool: asyncpg.Pool, agent_id: int, vector: np.ndarray, k: int) 
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_indexscan = off")
         rows = await conn.fetch(
-            f"SELECT id FROM chunks WHERE agent_id = $1 ORDER BY embedding::vector({DIM}) <=> $2 LIMIT $3",
-            agent_id, vector, k,
+            f"SELECT id FROM chunks WHERE agent_id = $1 "
+            f"ORDER BY embedding::vector({DIM}) <=> $2 LIMIT $3",
+            agent_id,
+            vector,
+            k,
         )
     return [r["id"] for r in rows]
 
@@ -165,7 +194,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> None:
     filters = SearchFilters()
 
     for vector, text in zip(vectors[:10], texts[:10], strict=True):  # warm caches
-        await retriever.retrieve(RetrievalQuery(agent=agent, text="warm " + text, reply_language="en"), vector)
+        await retriever.retrieve(
+            RetrievalQuery(agent=agent, text="warm " + text, reply_language="en"), vector
+        )
 
     ann_ms, full_ms, recalls = [], [], []
     for i, (vector, text) in enumerate(zip(vectors, texts, strict=True)):
@@ -173,7 +204,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> None:
         ann = await search.dense(agent.id, DIM, vector, args.k, filters)
         ann_ms.append((time.perf_counter() - t) * 1000)
         t = time.perf_counter()
-        await retriever.retrieve(RetrievalQuery(agent=agent, text=text, k=args.k, reply_language="en"), vector)
+        await retriever.retrieve(
+            RetrievalQuery(agent=agent, text=text, k=args.k, reply_language="en"), vector
+        )
         full_ms.append((time.perf_counter() - t) * 1000)
         if i < args.recall_queries:
             exact = await _exact(pool, agent.id, vector, args.k)
@@ -182,28 +215,57 @@ async def _run(args: argparse.Namespace, settings: Settings) -> None:
     embedder = UseEmbedder()
     await embedder.embed(["warm up"])
     embed_ms = []
-    for text in ["How long does delivery to Belgium take?", "Wat kost verzending?", "Rücksendung Kosten"] * 10:
+    for text in [
+        "How long does delivery to Belgium take?",
+        "Wat kost verzending?",
+        "Rücksendung Kosten",
+    ] * 10:
         t = time.perf_counter()
         await embedder.embed([text])
         embed_ms.append((time.perf_counter() - t) * 1000)
 
     print()
-    print(f"chunks {args.n:,}  dim {DIM}  HNSW m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
-          f"ef_search=max(100, 2*limit)  load {load_s:.1f} s  index build {build_s:.1f} s")
+    print(
+        f"chunks {args.n:,}  dim {DIM}  HNSW m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
+        f"ef_search=max(100, 2*limit)  load {load_s:.1f} s  index build {build_s:.1f} s"
+    )
     rows = [("measure", "p50 ms", "p99 ms", "n")]
-    rows.append(("ANN top-k (SQL)", f"{statistics.median(ann_ms):.2f}", f"{_percentile(ann_ms, 99):.2f}", str(len(ann_ms))))
-    rows.append(("full retrieve (ANN+FTS+fusion+gate)", f"{statistics.median(full_ms):.2f}",
-                 f"{_percentile(full_ms, 99):.2f}", str(len(full_ms))))
-    rows.append(("question embedding (USE)", f"{statistics.median(embed_ms):.2f}",
-                 f"{_percentile(embed_ms, 99):.2f}", str(len(embed_ms))))
+    rows.append(
+        (
+            "ANN top-k (SQL)",
+            f"{statistics.median(ann_ms):.2f}",
+            f"{_percentile(ann_ms, 99):.2f}",
+            str(len(ann_ms)),
+        )
+    )
+    rows.append(
+        (
+            "full retrieve (ANN+FTS+fusion+gate)",
+            f"{statistics.median(full_ms):.2f}",
+            f"{_percentile(full_ms, 99):.2f}",
+            str(len(full_ms)),
+        )
+    )
+    rows.append(
+        (
+            "question embedding (USE)",
+            f"{statistics.median(embed_ms):.2f}",
+            f"{_percentile(embed_ms, 99):.2f}",
+            str(len(embed_ms)),
+        )
+    )
     _table(rows)
-    print(f"\nrecall@{args.k} of the HNSW path against an exact scan: {statistics.mean(recalls):.3f} "
-          f"over {len(recalls)} queries")
+    print(
+        f"\nrecall@{args.k} of the HNSW path against an exact scan: {statistics.mean(recalls):.3f} "
+        f"over {len(recalls)} queries"
+    )
     await database.close()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=100_000, help="synthetic chunks (default 100000)")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--recall-queries", type=int, default=100)

@@ -16,8 +16,8 @@ from core.store.vector_index import check_embedders
 from gateway import health
 from gateway.keys import CACHE, DATABASE, EMBEDDER, HTTP, METRICS, SETTINGS
 from gateway.metrics import HttpMetrics
-from gateway.runtime import HTTP_TIMEOUT
 from gateway.middlewares import errors, metrics, request_context
+from gateway.runtime import HTTP_TIMEOUT
 
 log = logging.getLogger(__name__)
 

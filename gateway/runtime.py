@@ -15,7 +15,6 @@ from core.settings import Settings
 from core.store import Database, open_database
 from core.store.vector_index import check_embedders
 
-
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=10)
 
 

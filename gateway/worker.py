@@ -32,9 +32,7 @@ async def _run_until_signalled(runtime: Runtime) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [
-        asyncio.create_task(service(runtime), name=name) for name, service in SERVICES.items()
-    ]
+    tasks = [asyncio.create_task(service(runtime), name=name) for name, service in SERVICES.items()]
     log.info("worker.started services=%s", ",".join(SERVICES) or "none")
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 from urllib.robotparser import RobotFileParser
 from xml.etree.ElementTree import ParseError
@@ -50,9 +50,6 @@ class CrawlLimits:
     max_bytes: int = 3_000_000  # per page, after decompression
     timeout: float = 20.0  # seconds per request, body included
     user_agent: str = "ParleyBot/0.1"
-
-
-DEFAULT_LIMITS: Final = CrawlLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +264,8 @@ def page_links(html: bytes, url: str) -> list[str]:
 def _read_page(
     body: bytes, url: str, headers: Mapping[str, str], follow: bool
 ) -> tuple[Document, list[str]]:
-    return extract_page(body, url, headers=headers), page_links(body, url) if follow else []
+    links = page_links(body, url) if follow else []
+    return extract_page(body, url, headers=headers), links
 
 
 class _Crawl:
@@ -302,10 +300,8 @@ class _Crawl:
         return f"{parts.scheme}://{parts.netloc}"
 
     async def run(self) -> AsyncGenerator[CrawlItem, None]:
-        if (
-            urlsplit(self._start).scheme not in ("http", "https")
-            or not urlsplit(self._start).hostname
-        ):
+        parts = urlsplit(self._start)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             yield ReadError(self._given, "not an http(s) URL")
             return
         problem = await self._load_robots()
@@ -463,6 +459,10 @@ class _Crawl:
             url = await self._todo.get()
             try:
                 item = await self._visit(url)
+            except Exception as exc:  # one odd page must not end the crawl; it is reported
+                log.exception("crawl.page.failed url=%s", url)
+                item = ReadError(url, f"could not read the page ({type(exc).__name__})", url)
+            try:
                 if item is not None:
                     await self._results.put(item)
             finally:
@@ -492,6 +492,9 @@ class _Crawl:
             return Unchanged(key)
         if isinstance(result, _Skipped):
             log.info("crawl.page.skipped url=%s reason=%s", url, result.reason)
+            if self._follow_links and url == self._start:
+                # nothing else will be read: say why rather than end with nothing
+                return ReadError(self._given, f"start page skipped: {result.reason}")
             return None
         if isinstance(result, _HttpError):
             result = result.error(url)
@@ -500,14 +503,10 @@ class _Crawl:
             return result
         return await self._document(url, result)
 
-    async def _document(self, url: str, response: _Response) -> Document | ReadError | None:
-        try:
-            document, links = await asyncio.to_thread(
-                _read_page, response.body, response.url, response.headers, self._follow_links
-            )
-        except Exception as exc:  # one odd page must not end the crawl; it is reported
-            log.exception("crawl.page.failed url=%s", url)
-            return ReadError(url, f"could not read the page ({type(exc).__name__})", url)
+    async def _document(self, url: str, response: _Response) -> Document | None:
+        document, links = await asyncio.to_thread(
+            _read_page, response.body, response.url, response.headers, self._follow_links
+        )
         for link in links:
             self._schedule(link)
         if document.url in self._yielded:
@@ -520,7 +519,7 @@ class _Crawl:
 async def crawl(
     start_url: str,
     session: aiohttp.ClientSession,
-    limits: CrawlLimits = DEFAULT_LIMITS,
+    limits: CrawlLimits = CrawlLimits(),
     *,
     validators: Mapping[str, tuple[str | None, str | None]] | None = None,
     on_page: Callable[[], None] | None = None,

@@ -27,7 +27,8 @@ class Document:
     tags: tuple[str, ...] = ()
     visibility: Visibility = "public"
     page_type: str = "page"  # "page", "policy", "product", "faq", "contact"
-    product: Mapping[str, Any] | None = None  # JSON-LD facts: name, sku, price, currency, availability
+    # JSON-LD facts: name, sku, price, currency, availability
+    product: Mapping[str, Any] | None = None
     etag: str | None = None
     last_modified: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)

@@ -40,6 +40,9 @@ _BLOCKS = frozenset(
     (*_HEADINGS, "p", "li", "dt", "dd", "blockquote", "pre", "tr", "caption", "figcaption")
 )
 
+# Below this many characters trafilatura distrusts its own result (its MIN_EXTRACTED_SIZE).
+SHORT_TEXT = 250
+
 _PRODUCT_TYPES = frozenset({"Product", "ProductGroup", "IndividualProduct", "ProductModel"})
 
 
@@ -228,7 +231,7 @@ def _product(tree: Any) -> dict[str, Any] | None:
             }
             if facts["availability"]:
                 facts["availability"] = _short_type(facts["availability"])
-            return {key: value for key, value in facts.items() if value}
+            return {key: value for key, value in facts.items() if value} or None
     return None
 
 
@@ -252,7 +255,7 @@ def _clean(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines()).strip()
 
 
-def _main_text(html: str, url: str) -> str:
+def _trafilatura(html: str, url: str, *, favor_precision: bool = False) -> str:
     text = trafilatura.extract(
         html,
         url=url,
@@ -261,8 +264,18 @@ def _main_text(html: str, url: str) -> str:
         include_tables=True,
         include_links=False,
         include_images=False,
+        favor_precision=favor_precision,
     )
     return _clean(text or "")
+
+
+def _main_text(html: str, url: str, tree: Any) -> str:
+    text = _trafilatura(html, url)
+    if len(text) >= SHORT_TEXT:
+        return text
+    # On short pages trafilatura falls back to a baseline that keeps menus ("Home Shop ...");
+    # its precision mode does not, and our plain reading catches what both miss.
+    return _trafilatura(html, url, favor_precision=True) or _clean(_plain_text(tree))
 
 
 def _is_boilerplate(element: Any) -> bool:
@@ -280,6 +293,15 @@ def _block_text(element: Any) -> str:
     return text
 
 
+def _is_outer_block(element: Any) -> bool:
+    """A block not inside another one; a <div> only when it holds no blocks of its own."""
+    if any(ancestor.tag in _BLOCKS for ancestor in element.iterancestors()):
+        return False
+    if element.tag != "div":
+        return True
+    return not any(d.tag in _BLOCKS or d.tag == "div" for d in element.iterdescendants())
+
+
 def _plain_text(tree: Any) -> str:
     """Headings, paragraphs, list items and table rows of the body, boilerplate removed."""
     body = tree.find("body")
@@ -289,11 +311,7 @@ def _plain_text(tree: Any) -> str:
     for element in doomed:
         if element.getparent() is not None:
             element.drop_tree()
-    lines = [
-        _block_text(el)
-        for el in body.iter(*_BLOCKS)
-        if not any(ancestor.tag in _BLOCKS for ancestor in el.iterancestors())
-    ]
+    lines = [_block_text(el) for el in body.iter(*_BLOCKS, "div") if _is_outer_block(el)]
     lines = [line for line in lines if line] or [_squash(body.text_content())]
     return "\n\n".join(line for line in lines if line)
 
@@ -325,17 +343,17 @@ def _extract(html: str, url: str, headers: Mapping[str, str]) -> Document:
     if tree is None:
         log.info("extract.page.empty url=%s", url)
         return _empty(url, headers)
-    text = _main_text(html, url) or _clean(_plain_text(tree))
+    main = _main_text(html, url, tree)
     product = _product(tree)
-    if product:
-        text = f"{text}\n\n{product_line(product)}".strip()
+    # the facts go into the text so that a search for a SKU or a price finds the page
+    text = f"{main}\n\n{product_line(product)}".strip() if product else main
     title = _clean(_title(tree))
     description = _meta(tree, "description", "og:description")
     return Document(
         url=_canonical(tree, url),
         title=title,
         text=text,
-        locale=resolve_locale(url, _declared_language(tree), text),
+        locale=resolve_locale(url, _declared_language(tree), main),
         page_type=infer_page_type(url, title, product),
         product=product,
         etag=headers.get("etag") or None,

@@ -108,10 +108,11 @@ class Ingestor:
         on_page: Callable[[], None] | None,
     ) -> AsyncIterator[Item]:
         if not spec.is_remote:
-            for item in await asyncio.to_thread(lambda: list(read_local(spec, base_url))):
+            local = await asyncio.to_thread(lambda: list(read_local(spec, base_url)))
+            for read in local:
                 if on_page:
                     on_page()
-                yield item
+                yield read
             return
         if self._session is None:
             raise RuntimeError("crawling needs an HTTP session")

@@ -20,7 +20,9 @@ _DEICTIC = re.compile(
     re.IGNORECASE,
 )
 # Product codes: letters and digits together, like NK-2041, SKU12345, RAL7016.
-_CODE = re.compile(r"\b(?=[A-Za-z0-9-]*\d)(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*\b")
+_CODE = re.compile(
+    r"\b(?=[A-Za-z0-9-]*\d)(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*\b"
+)
 
 
 @dataclass(frozen=True, slots=True)

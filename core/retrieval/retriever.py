@@ -96,6 +96,7 @@ class RetrievalResult:
     @classmethod
     def from_json(cls, text: str) -> RetrievalResult:
         data = json.loads(text)
+
         def hits(rows: list[dict[str, object]]) -> tuple[Hit, ...]:
             return tuple(Hit(**{**h, "reasons": tuple(h["reasons"])}) for h in rows)  # type: ignore[arg-type]
 
@@ -139,7 +140,9 @@ class Retriever:
         started = time.perf_counter()
         agent = query.agent
         language = (
-            language_of(query.reply_language) if query.reply_language else detect_language(query.text)
+            language_of(query.reply_language)
+            if query.reply_language
+            else detect_language(query.text)
         )
         folder = await self._folder_language(agent, language)
         filters = SearchFilters(

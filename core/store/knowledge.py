@@ -83,7 +83,9 @@ class KnowledgeStore:
     async def remove_source(self, agent_id: int, source_id: int) -> int:
         """Delete a source with its pages and chunks; returns the number of pages removed."""
         async with self._pool.acquire() as conn, conn.transaction():
-            pages = await conn.fetchval("SELECT count(*) FROM pages WHERE source_id = $1", source_id)
+            pages = await conn.fetchval(
+                "SELECT count(*) FROM pages WHERE source_id = $1", source_id
+            )
             deleted = await conn.execute(
                 "DELETE FROM sources WHERE id = $1 AND agent_id = $2", source_id, agent_id
             )
@@ -98,7 +100,7 @@ class KnowledgeStore:
                  FROM pages WHERE agent_id = $1""",
             agent_id,
         )
-        return {r["url"]: StoredPage(**{k: r[k] for k in r.keys() if k != "url"}) for r in rows}
+        return {r["url"]: StoredPage(**{k: v for k, v in r.items() if k != "url"}) for r in rows}
 
     async def write_page(
         self,
@@ -116,14 +118,32 @@ class KnowledgeStore:
             await conn.copy_records_to_table(
                 "chunks",
                 columns=[
-                    "agent_id", "page_id", "ord", "heading", "text", "locale", "visibility",
-                    "tags", "page_type", "embedding", "folder_language",
-                ],  # fmt: skip
+                    "agent_id",
+                    "page_id",
+                    "ord",
+                    "heading",
+                    "text",
+                    "locale",
+                    "visibility",
+                    "tags",
+                    "page_type",
+                    "embedding",
+                    "folder_language",
+                ],
                 records=[
                     (
-                        agent_id, page_id, chunk.ord, chunk.heading, chunk.text, doc.locale,
-                        doc.visibility, list(doc.tags), doc.page_type, vector, folder,
-                    )  # fmt: skip
+                        agent_id,
+                        page_id,
+                        chunk.ord,
+                        chunk.heading,
+                        chunk.text,
+                        doc.locale,
+                        doc.visibility,
+                        list(doc.tags),
+                        doc.page_type,
+                        vector,
+                        folder,
+                    )
                     for chunk, vector in zip(chunks, vectors, strict=True)
                 ],
             )
@@ -230,7 +250,9 @@ async def reembed_agent(
             )
             if not rows:
                 break
-            vectors = await embed([Chunk(0, r["heading"], r["text"]).embedding_input() for r in rows])
+            vectors = await embed(
+                [Chunk(0, r["heading"], r["text"]).embedding_input() for r in rows]
+            )
             await conn.executemany(
                 "UPDATE chunks SET embedding = $2 WHERE id = $1",
                 [(r["id"], v) for r, v in zip(rows, vectors, strict=True)],

@@ -3,7 +3,6 @@ with visibility, tags and the language-folder rule applied in the same queries."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import asyncpg

@@ -40,7 +40,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _bar(total: int | None, unit: str) -> tqdm:  # type: ignore[type-arg]
-    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not sys.stderr.isatty(), leave=False)
+    return tqdm(
+        total=total, unit=unit, file=sys.stderr, disable=not sys.stderr.isatty(), leave=False
+    )
 
 
 async def ingest(args: argparse.Namespace, runtime: Runtime) -> int:
@@ -80,7 +82,9 @@ async def sources(args: argparse.Namespace, runtime: Runtime) -> int:
         print(f"removed source {args.id} and its {removed} pages")
         return 0
     for source in await store.list_sources(agent.id):
-        crawled = source.last_crawled_at.isoformat(timespec="seconds") if source.last_crawled_at else "-"
+        crawled = (
+            source.last_crawled_at.isoformat(timespec="seconds") if source.last_crawled_at else "-"
+        )
         error = f"\t{source.last_error}" if source.last_error else ""
         print(
             f"{source.id}\t{source.kind}\t{source.status}\t{source.pages} pages\t{crawled}\t"
@@ -97,7 +101,10 @@ async def rebuild_index(args: argparse.Namespace, runtime: Runtime) -> int:
         done = await reembed_agent(
             runtime.database.pool, agent.id, identity, runtime.embedder.embed, on_batch=bar.update
         )
-    print(f"re-embedded {done} chunks of {agent.slug} with {identity.name} ({identity.dimension} dimensions)")
+    print(
+        f"re-embedded {done} chunks of {agent.slug} with {identity.name} "
+        f"({identity.dimension} dimensions)"
+    )
     return 0
 
 

@@ -33,7 +33,9 @@ class FakeOpenAI:
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.requests.append({"path": request.path, "body": body, "auth": request.headers.get("Authorization")})
+        self.requests.append(
+            {"path": request.path, "body": body, "auth": request.headers.get("Authorization")}
+        )
         if self.failures:
             status = self.failures.pop(0)
             error = {"error": {"message": "try again", "type": "server_error", "code": None}}

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import psutil
 
+from core.store.migrate import bundled_migrations
 from tests.support.cli import PARLEY, clean_env, run_parley, wait_until_up
 from tests.support.services import free_port
+
+LATEST = bundled_migrations()[-1].version
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -103,7 +106,7 @@ def test_embedded_postgres_starts_is_reused_and_stops(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = run_parley("migrate", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
     assert first.returncode == 0, first.stderr
-    assert "database is at migration 0001 (embedded PostgreSQL)" in first.stdout
+    assert f"database is at migration {LATEST:04d} (embedded PostgreSQL)" in first.stdout
     pgdata = data / "postgres"
     assert (pgdata / "PG_VERSION").read_text().startswith("16")
     assert not _postgres_running_in(pgdata)  # stopped cleanly on exit
@@ -129,7 +132,7 @@ def test_two_processes_migrating_at_once_both_succeed(tmp_path: Path, fresh_data
     ]
     outputs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    assert all("database is at migration 0001" in out for out, _ in outputs)
+    assert all(f"database is at migration {LATEST:04d}" in out for out, _ in outputs)
 
 
 def test_serve_answers_logs_request_ids_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -45,7 +45,9 @@ async def _server(fake: FakeOpenAI) -> TestServer:
 
 async def test_openai_embedder_batches_in_order(fake_openai: FakeOpenAI) -> None:
     server = await _server(fake_openai)
-    client = openai.AsyncOpenAI(api_key="sk-test", base_url=str(server.make_url("/v1")), max_retries=0)
+    client = openai.AsyncOpenAI(
+        api_key="sk-test", base_url=str(server.make_url("/v1")), max_retries=0
+    )
     embedder = OpenAIEmbedder(client, "text-embedding-3-small", 48, batch_size=3)
     texts = [f"text {i}" for i in range(7)]
     vectors = await embedder.embed(texts)

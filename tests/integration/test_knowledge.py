@@ -32,7 +32,9 @@ class Kit:
         return await self.agents.get(slug)
 
     async def ingest(self, slug: str, source: Path | str, **kwargs: str) -> object:
-        return await self.ingestor.ingest(await self.agent(slug), parse_source(str(source)), **kwargs)
+        return await self.ingestor.ingest(
+            await self.agent(slug), parse_source(str(source)), **kwargs
+        )
 
     async def search(self, slug: str, text: str, **kwargs: object) -> list[str]:
         query = RetrievalQuery(agent=await self.agent(slug), text=text, **kwargs)  # type: ignore[arg-type]
@@ -40,11 +42,13 @@ class Kit:
 
 
 @pytest.fixture
-async def kit(database: Database, use_embedder: UseEmbedder, cache: RedisCache) -> AsyncIterator[Kit]:
+async def kit(
+    database: Database, use_embedder: UseEmbedder, cache: RedisCache
+) -> AsyncIterator[Kit]:
     agents = Agents(database.pool)
     store = KnowledgeStore(database.pool)
     retriever = Retriever(ChunkSearch(database.pool), use_embedder, cache)
-    yield Kit(database, agents, store, Ingestor(store, use_embedder), retriever)
+    return Kit(database, agents, store, Ingestor(store, use_embedder), retriever)
 
 
 def write(root: Path, relative: str, text: str) -> Path:
@@ -80,7 +84,9 @@ to service@noordkaap.example to make a claim.
 """
 
 
-async def test_ingest_is_idempotent_and_detects_changes(kit: Kit, tmp_path: Path, use_embedder: UseEmbedder) -> None:
+async def test_ingest_is_idempotent_and_detects_changes(
+    kit: Kit, tmp_path: Path, use_embedder: UseEmbedder
+) -> None:
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     site = tmp_path / "site"
     write(site, "en/shipping.md", SHIPPING_EN)
@@ -115,10 +121,17 @@ async def test_ingest_is_idempotent_and_detects_changes(kit: Kit, tmp_path: Path
     assert removed.removed == 1  # type: ignore[attr-defined]
     urls = {r["url"] for r in await kit.database.pool.fetch("SELECT url FROM pages")}
     assert urls == {"/en/shipping.md"}
-    assert await kit.database.pool.fetchval("SELECT count(*) FROM chunks c JOIN pages p ON p.id = c.page_id WHERE p.url = '/en/returns.md'") == 0
+    assert (
+        await kit.database.pool.fetchval(
+            "SELECT count(*) FROM chunks c JOIN pages p ON p.id = c.page_id WHERE p.url = '/en/returns.md'"
+        )
+        == 0
+    )
 
 
-async def test_removing_a_source_removes_its_pages(kit: Kit, tmp_path: Path, use_embedder: UseEmbedder) -> None:
+async def test_removing_a_source_removes_its_pages(
+    kit: Kit, tmp_path: Path, use_embedder: UseEmbedder
+) -> None:
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     write(tmp_path / "a", "shipping.md", SHIPPING_EN)
     write(tmp_path / "b", "warranty.md", WARRANTY)
@@ -142,7 +155,9 @@ async def test_language_folder_rule(kit: Kit, tmp_path: Path, use_embedder: UseE
     dutch = await kit.search("shop", "Hoe lang duurt de levering naar België?", reply_language="nl")
     assert dutch[0] == "/nl/verzending.md"
     assert "/en/shipping.md" not in dutch  # another language's folder is left out
-    english = await kit.search("shop", "How long does delivery to Belgium take?", reply_language="en")
+    english = await kit.search(
+        "shop", "How long does delivery to Belgium take?", reply_language="en"
+    )
     assert english[0] == "/en/shipping.md"
     assert "/nl/verzending.md" not in english
     # A page without a language folder serves every language.
@@ -150,13 +165,17 @@ async def test_language_folder_rule(kit: Kit, tmp_path: Path, use_embedder: UseE
     assert garantie[0] == "/warranty.md"
 
 
-async def test_an_english_only_agent_answers_a_dutch_question(kit: Kit, tmp_path: Path, use_embedder: UseEmbedder) -> None:
+async def test_an_english_only_agent_answers_a_dutch_question(
+    kit: Kit, tmp_path: Path, use_embedder: UseEmbedder
+) -> None:
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder), language="en")
     site = tmp_path / "site"
     write(site, "en/shipping.md", SHIPPING_EN)
     write(site, "en/returns.md", RETURNS_EN)
     await kit.ingest("shop", site)
-    pages = await kit.search("shop", "Binnen hoeveel dagen kan ik iets terugsturen?", reply_language="nl")
+    pages = await kit.search(
+        "shop", "Binnen hoeveel dagen kan ik iets terugsturen?", reply_language="nl"
+    )
     assert pages[0] == "/en/returns.md"
 
 
@@ -166,7 +185,9 @@ async def _ingest_jsonl(kit: Kit, tmp_path: Path, rows: list[dict[str, object]])
     return await kit.ingest("shop", path)
 
 
-async def test_internal_pages_never_reach_a_public_channel(kit: Kit, tmp_path: Path, use_embedder: UseEmbedder) -> None:
+async def test_internal_pages_never_reach_a_public_channel(
+    kit: Kit, tmp_path: Path, use_embedder: UseEmbedder
+) -> None:
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     await _ingest_jsonl(
         kit,
@@ -184,20 +205,27 @@ async def test_internal_pages_never_reach_a_public_channel(kit: Kit, tmp_path: P
     public = await kit.search("shop", "Can I get a refund after 30 days?")
     assert "https://intranet.example/refund-exceptions" not in public
     assert public == ["https://shop.example/returns"]
-    staff = await kit.search("shop", "Can I get a refund after 30 days?", visibility=("public", "internal"))
+    staff = await kit.search(
+        "shop", "Can I get a refund after 30 days?", visibility=("public", "internal")
+    )
     assert "https://intranet.example/refund-exceptions" in staff
 
 
-async def test_tags_include_and_exclude(kit: Kit, tmp_path: Path, use_embedder: UseEmbedder) -> None:
+async def test_tags_include_and_exclude(
+    kit: Kit, tmp_path: Path, use_embedder: UseEmbedder
+) -> None:
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     await _ingest_jsonl(
         kit,
         tmp_path,
         [
             {"url": "/b2c/returns", "title": "Returns", "text": RETURNS_EN, "tags": ["consumer"]},
-            {"url": "/b2b/returns", "title": "Returns for business customers",
-             "text": "Business customers can return goods within 14 days; a 10% restocking fee applies.",
-             "tags": ["business"]},
+            {
+                "url": "/b2b/returns",
+                "title": "Returns for business customers",
+                "text": "Business customers can return goods within 14 days; a 10% restocking fee applies.",
+                "tags": ["business"],
+            },
         ],
     )
     question = "How many days do I have to return an item?"
@@ -216,8 +244,12 @@ async def test_threshold_low_confidence_and_match_ignores_boosts(
         [
             {"url": "/shipping", "title": "Shipping", "text": SHIPPING_EN, "page_type": "policy"},
             {"url": "/returns", "title": "Returns", "text": RETURNS_EN, "page_type": "policy"},
-            {"url": "/p/nk-2041", "title": "Fjord hiking boot", "page_type": "product",
-             "text": "The Fjord hiking boot (NK-2041) is a waterproof leather boot for long hikes."},
+            {
+                "url": "/p/nk-2041",
+                "title": "Fjord hiking boot",
+                "page_type": "product",
+                "text": "The Fjord hiking boot (NK-2041) is a waterproof leather boot for long hikes.",
+            },
         ],
     )
     agent = await kit.agent("shop")
@@ -226,7 +258,8 @@ async def test_threshold_low_confidence_and_match_ignores_boosts(
     )
     assert unrelated.hits == ()
     assert unrelated.low_confidence
-    assert unrelated.confidence is not None and unrelated.confidence < agent.confidence_threshold
+    assert unrelated.confidence is not None
+    assert unrelated.confidence < agent.confidence_threshold
 
     coded = await kit.retriever.retrieve(RetrievalQuery(agent=agent, text="Is NK-2041 waterproof?"))
     top = coded.hits[0]
@@ -238,7 +271,9 @@ async def test_threshold_low_confidence_and_match_ignores_boosts(
     assert top.score >= top.match + 1.0
 
 
-async def test_cached_results_are_purged_by_a_reingest(kit: Kit, tmp_path: Path, use_embedder: UseEmbedder) -> None:
+async def test_cached_results_are_purged_by_a_reingest(
+    kit: Kit, tmp_path: Path, use_embedder: UseEmbedder
+) -> None:
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     site = tmp_path / "site"
     write(site, "returns.md", RETURNS_EN)
@@ -251,12 +286,16 @@ async def test_cached_results_are_purged_by_a_reingest(kit: Kit, tmp_path: Path,
 
     write(site, "returns.md", RETURNS_EN.replace("5 working days", "10 working days"))
     await kit.ingest("shop", site)
-    fresh = await kit.retriever.retrieve(RetrievalQuery(agent=await kit.agent("shop"), text="How long do refunds take?"))
+    fresh = await kit.retriever.retrieve(
+        RetrievalQuery(agent=await kit.agent("shop"), text="How long do refunds take?")
+    )
     assert not fresh.cached
     assert "10 working days" in fresh.hits[0].text
 
 
-async def test_bad_input_is_reported_and_the_rest_ingested(kit: Kit, tmp_path: Path, use_embedder: UseEmbedder) -> None:
+async def test_bad_input_is_reported_and_the_rest_ingested(
+    kit: Kit, tmp_path: Path, use_embedder: UseEmbedder
+) -> None:
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     site = tmp_path / "site"
     write(site, "returns.md", RETURNS_EN)
@@ -264,14 +303,19 @@ async def test_bad_input_is_reported_and_the_rest_ingested(kit: Kit, tmp_path: P
     broken.write_bytes("Caf\xe9 cr\xe8me".encode("latin-1"))
     report = await kit.ingest("shop", site)
     assert report.added == 1  # type: ignore[attr-defined]
-    assert [(e.location, e.reason) for e in report.errors] == [(str(broken), "not UTF-8 text (byte 3)")]  # type: ignore[attr-defined]
+    assert [(e.location, e.reason) for e in report.errors] == [
+        (str(broken), "not UTF-8 text (byte 3)")
+    ]  # type: ignore[attr-defined]
 
     lines = tmp_path / "pages.jsonl"
     lines.write_text(
-        json.dumps({"url": "/a", "title": "A", "text": SHIPPING_EN}) + "\n"
+        json.dumps({"url": "/a", "title": "A", "text": SHIPPING_EN})
+        + "\n"
         + "{not json\n"
-        + json.dumps({"url": "/c", "title": "C"}) + "\n"
-        + json.dumps({"url": "/d", "title": "D", "text": WARRANTY, "visibility": "secret"}) + "\n",
+        + json.dumps({"url": "/c", "title": "C"})
+        + "\n"
+        + json.dumps({"url": "/d", "title": "D", "text": WARRANTY, "visibility": "secret"})
+        + "\n",
         encoding="utf-8",
     )
     report = await kit.ingest("shop", lines)
@@ -285,10 +329,13 @@ async def test_bad_input_is_reported_and_the_rest_ingested(kit: Kit, tmp_path: P
     sources = await kit.store.list_sources((await kit.agent("shop")).id)
     jsonl = next(s for s in sources if s.kind == "jsonl")
     assert jsonl.status == "ready"
-    assert jsonl.last_error is not None and "pages.jsonl:2" in jsonl.last_error
+    assert jsonl.last_error is not None
+    assert "pages.jsonl:2" in jsonl.last_error
 
 
-async def test_an_unreachable_url_is_recorded_on_the_source(kit: Kit, use_embedder: UseEmbedder) -> None:
+async def test_an_unreachable_url_is_recorded_on_the_source(
+    kit: Kit, use_embedder: UseEmbedder
+) -> None:
     import aiohttp
 
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
@@ -300,5 +347,6 @@ async def test_an_unreachable_url_is_recorded_on_the_source(kit: Kit, use_embedd
     [source] = await kit.store.list_sources((await kit.agent("shop")).id)
     assert source.status == "failed"
     assert source.location == url
-    assert source.last_error is not None and "connect" in source.last_error.lower()
+    assert source.last_error is not None
+    assert "connect" in source.last_error.lower()
     assert (await kit.agent("shop")).knowledge_version == 0

@@ -14,16 +14,36 @@ from core.retrieval.boosts import (
 )
 
 
-def _boost(question: str, *, url: str = "/en/p/boot", page_type: str = "page", text: str = "",
-           match: float = 0.5, page_url: str | None = None, threshold: float = 0.4):  # type: ignore[no-untyped-def]
+def _boost(
+    question: str,
+    *,
+    url: str = "/en/p/boot",
+    page_type: str = "page",
+    text: str = "",
+    match: float = 0.5,
+    page_url: str | None = None,
+    threshold: float = 0.4,
+):  # type: ignore[no-untyped-def]
     return boost_for(
-        signals=QuerySignals.of(question), url=url, page_type=page_type, text=text,
-        match=match, threshold=threshold, page_url=page_url,
+        signals=QuerySignals.of(question),
+        url=url,
+        page_type=page_type,
+        text=text,
+        match=match,
+        threshold=threshold,
+        page_url=page_url,
     )
 
 
-@pytest.mark.parametrize("question", ["Is this one waterproof?", "Is deze ook in rood?",
-                                      "Gibt es dieser Schuh in 44?", "C'est disponible ici ?"])
+@pytest.mark.parametrize(
+    "question",
+    [
+        "Is this one waterproof?",
+        "Is deze ook in rood?",
+        "Gibt es dieser Schuh in 44?",
+        "C'est disponible ici ?",
+    ],
+)
 def test_current_page_boost_when_the_question_points_at_it(question: str) -> None:
     boost = _boost(question, match=0.1, page_url="https://shop.example/en/p/boot/")
     assert boost.amount == pytest.approx(CURRENT_PAGE_BOOST)
@@ -31,15 +51,23 @@ def test_current_page_boost_when_the_question_points_at_it(question: str) -> Non
 
 
 def test_current_page_boost_when_its_match_is_close_to_the_threshold() -> None:
-    assert _boost("waterproof?", match=0.26, page_url="/en/p/boot").amount == pytest.approx(CURRENT_PAGE_BOOST)
+    assert _boost("waterproof?", match=0.26, page_url="/en/p/boot").amount == pytest.approx(
+        CURRENT_PAGE_BOOST
+    )
     assert _boost("waterproof?", match=0.24, page_url="/en/p/boot").amount == 0
     assert _boost("Is this waterproof?", page_url="/en/p/other").amount == 0
 
 
 @pytest.mark.parametrize(
     "question",
-    ["How much is shipping?", "Wat kost verzending naar België?", "Wie lange dauert der Versand?",
-     "Quels sont les frais de livraison ?", "Can I return my order?", "Kan ik achteraf betalen?"],
+    [
+        "How much is shipping?",
+        "Wat kost verzending naar België?",
+        "Wie lange dauert der Versand?",
+        "Quels sont les frais de livraison ?",
+        "Can I return my order?",
+        "Kan ik achteraf betalen?",
+    ],
 )
 def test_policy_questions_favour_policy_pages(question: str) -> None:
     boost = _boost(question, page_type="policy", threshold=0.4)

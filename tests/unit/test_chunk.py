@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from core.knowledge.chunk import MAX_WORDS, TARGET_WORDS, chunk_document
 from core.knowledge.documents import Document
 
@@ -39,7 +41,7 @@ def test_long_sections_split_between_sentences_with_overlap() -> None:
     for chunk in chunks:
         assert len(chunk.text.split()) <= MAX_WORDS
         assert chunk.text.endswith(".")  # never cut inside a sentence
-    for before, after in zip(chunks, chunks[1:], strict=False):
+    for before, after in itertools.pairwise(chunks):
         last_sentence = before.text.rsplit("Sentence ", 1)[1]
         assert f"Sentence {last_sentence}" in after.text  # overlap carries context over
     all_text = " ".join(c.text for c in chunks)
