@@ -8,8 +8,9 @@ Two strategies, measured against each other by `bench/eval_retrieval.py`:
   right page.
 - `calibrated` (the default): every candidate carries its cosine similarity to the question,
   whichever list found it, and lexical evidence is added on top, scaled by the best lexical
-  rank and weighted by whether the page's language is the question's. Cross-lingual hits keep
-  the dense side's strength; same-language questions still profit from exact words.
+  rank and weighted by language. When another-language page is among the closest by meaning,
+  the question's own-language pages get no lexical bonus, so cross-lingual hits keep the dense
+  side's strength; otherwise same-language questions profit from exact words.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ from core.store.search import Candidate
 Fusion = Literal["calibrated", "rrf"]
 
 RRF_K = 60
-# Weight of lexical evidence, by whether the page is in the question's language.
-LEXICAL_WEIGHT_SAME = 0.25
+# Weight of lexical evidence (relative to the best lexical rank), by whether the page is in
+# the question's language; tuned on bench/data with bench/eval_retrieval.py.
+LEXICAL_WEIGHT_SAME = 0.35
 LEXICAL_WEIGHT_OTHER = 0.05
+LEXICAL_WEIGHT_CROSS = 0.15
+CROSS_LINGUAL_LOOKAHEAD = 3
+LEXICAL_MARGIN = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +58,35 @@ def rrf(dense: Sequence[Candidate], lexical: Sequence[Candidate]) -> list[Fused]
     )
 
 
+def _same_language(candidate: Candidate, query_language: str | None) -> bool:
+    return (
+        query_language is None
+        or candidate.locale is None
+        or language_of(candidate.locale) == language_of(query_language)
+    )
+
+
 def calibrated(
     dense: Sequence[Candidate], lexical: Sequence[Candidate], query_language: str | None
 ) -> list[Fused]:
     merged = _merge(dense, lexical)
     best_lexical = max((c.lexical for c in lexical), default=0.0) or 1.0
+    # When the semantically closest pages include one in another language, the answer may
+    # well live only there: the question's own-language pages then share words with it by
+    # accident of language, not of topic, so only the other-language pages may use shared
+    # words (names, codes, numbers).
+    leaders = sorted(merged.values(), key=lambda c: c.dense, reverse=True)[:CROSS_LINGUAL_LOOKAHEAD]
+    cross_lingual = any(not _same_language(c, query_language) for c in leaders)
+    closest = leaders[0].dense if leaders else 0.0
     fused = []
     for c in merged.values():
-        same = (
-            query_language is None
-            or c.locale is None
-            or language_of(c.locale) == language_of(query_language)
-        )
-        weight = LEXICAL_WEIGHT_SAME if same else LEXICAL_WEIGHT_OTHER
+        same = _same_language(c, query_language)
+        if cross_lingual:
+            weight = 0.0 if same else LEXICAL_WEIGHT_CROSS
+        elif c.dense < closest - LEXICAL_MARGIN:
+            weight = 0.0  # words alone never lift a page that is far off in meaning
+        else:
+            weight = LEXICAL_WEIGHT_SAME if same else LEXICAL_WEIGHT_OTHER
         fused.append(Fused(c, c.dense + weight * (c.lexical / best_lexical)))
     return sorted(fused, key=lambda f: f.score, reverse=True)
 
