@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install lint typecheck clean
+.PHONY: demo test install lint typecheck eval clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+## eval: retrieval quality on the bundled multilingual shop (hit@1, hit@5, MRR@10)
+eval: $(STAMP)
+	$(BIN)/python -m bench.eval_retrieval
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -14,7 +14,7 @@ from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
 from core.retrieval.rerank import HttpReranker
-from core.retrieval.retriever import RetrievalQuery, Retriever
+from core.retrieval.retriever import RetrievalQuery, RetrievalResult, Retriever
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
 from core.store.search import ChunkSearch
@@ -49,25 +49,28 @@ async def agent_with_pages(
     return database
 
 
+async def _ask(
+    database: Database, embedder: UseEmbedder, fake: FakeReranker, question: str
+) -> RetrievalResult:
+    """Retrieve through a retriever whose reranker is the fake, served on a local port."""
+    server = TestServer(fake.app())
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            reranker = HttpReranker(session, str(server.make_url("/rerank")))
+            retriever = Retriever(ChunkSearch(database.pool), embedder, LocalCache(), reranker)
+            agent = await Agents(database.pool).get("shop")
+            return await retriever.retrieve(RetrievalQuery(agent=agent, text=question))
+    finally:
+        await server.close()
+
+
 @pytest.mark.parametrize("style", ["tei", "jina"])
 async def test_reranker_reorders_and_raises_the_match(
     agent_with_pages: Database, use_embedder: UseEmbedder, style: str
 ) -> None:
     fake = FakeReranker(keyword="Exchange", style=style)
-    server = TestServer(fake.app())
-    await server.start_server()
-    async with aiohttp.ClientSession() as session:
-        retriever = Retriever(
-            ChunkSearch(agent_with_pages.pool),
-            use_embedder,
-            LocalCache(),
-            HttpReranker(session, str(server.make_url("/rerank"))),
-        )
-        agent = await Agents(agent_with_pages.pool).get("shop")
-        result = await retriever.retrieve(
-            RetrievalQuery(agent=agent, text="Can I return my order?")
-        )
-    await server.close()
+    result = await _ask(agent_with_pages, use_embedder, fake, "Can I return my order?")
     assert fake.requests[0]["query"] == "Can I return my order?"
     top = result.ranked[0]
     assert top.url == "/exchanges"  # the reranker's choice wins the ranking
@@ -80,20 +83,7 @@ async def test_a_failing_reranker_falls_back_to_fused_scores(
     agent_with_pages: Database, use_embedder: UseEmbedder, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeReranker(keyword="Exchange", status=503)
-    server = TestServer(fake.app())
-    await server.start_server()
-    async with aiohttp.ClientSession() as session:
-        retriever = Retriever(
-            ChunkSearch(agent_with_pages.pool),
-            use_embedder,
-            LocalCache(),
-            HttpReranker(session, str(server.make_url("/rerank"))),
-        )
-        agent = await Agents(agent_with_pages.pool).get("shop")
-        result = await retriever.retrieve(
-            RetrievalQuery(agent=agent, text="Can I return my order?")
-        )
-    await server.close()
+    result = await _ask(agent_with_pages, use_embedder, fake, "Can I return my order?")
     assert len(fake.requests) == 1
     assert result.ranked[0].url == "/returns"
     assert all(hit.rerank is None for hit in result.ranked)
