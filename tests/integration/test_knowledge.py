@@ -7,7 +7,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from core.cache import RedisCache
 from core.knowledge.ingest import Ingestor
@@ -350,3 +353,76 @@ async def test_an_unreachable_url_is_recorded_on_the_source(
     assert source.last_error is not None
     assert "connect" in source.last_error.lower()
     assert (await kit.agent("shop")).knowledge_version == 0
+
+
+def _site_app(requests: list[str]) -> web.Application:
+    """A tiny shop: robots.txt, a sitemap, two pages with ETags, chrome around the content."""
+    pages = {
+        "/en/shipping": ("Shipping", SHIPPING_EN, '"v1"'),
+        "/en/returns": ("Returns", RETURNS_EN, '"v7"'),
+    }
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        requests.append(
+            f"{request.method} {request.path} {request.headers.get('If-None-Match', '-')}"
+        )
+        title, text, etag = pages[request.path]
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        paragraphs = "".join(
+            f"<h2>{line[3:]}</h2>" if line.startswith("## ") else f"<p>{line}</p>"
+            for line in text.splitlines()[1:]
+            if line.strip()
+        )
+        body = (
+            f'<html lang="en"><head><title>{title}</title></head><body>'
+            '<nav><a href="/en/shipping">Shipping</a> <a href="/en/returns">Returns</a></nav>'
+            '<div class="cookie-banner">We use cookies. Accept all cookies?</div>'
+            f"<main><h1>{title}</h1>{paragraphs}</main>"
+            "<footer>Noordkaap Outdoor, all rights reserved</footer></body></html>"
+        )
+        return web.Response(text=body, content_type="text/html", headers={"ETag": etag})
+
+    async def robots(request: web.Request) -> web.Response:
+        return web.Response(
+            text=f"User-agent: *\nAllow: /\nSitemap: {request.url.origin()}/sitemap.xml\n"
+        )
+
+    async def sitemap(request: web.Request) -> web.Response:
+        urls = "".join(f"<url><loc>{request.url.origin()}{path}</loc></url>" for path in pages)
+        return web.Response(
+            text=f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>',
+            content_type="application/xml",
+        )
+
+    app = web.Application()
+    app.router.add_get("/robots.txt", robots)
+    app.router.add_get("/sitemap.xml", sitemap)
+    for path in pages:
+        app.router.add_get(path, page)
+    return app
+
+
+async def test_crawled_site_is_ingested_and_unchanged_pages_cost_nothing(
+    kit: Kit, use_embedder: UseEmbedder
+) -> None:
+    await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    requests: list[str] = []
+    server = TestServer(_site_app(requests))
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            ingestor = Ingestor(kit.store, use_embedder, session)
+            start = str(server.make_url("/"))
+            first = await ingestor.ingest(await kit.agent("shop"), parse_source(start))
+            again = await ingestor.ingest(await kit.agent("shop"), parse_source(start))
+    finally:
+        await server.close()
+    assert (first.added, first.errors) == (2, [])
+    texts = [r["text"] for r in await kit.database.pool.fetch("SELECT text FROM chunks")]
+    assert any("2-3 working days" in t for t in texts)
+    assert not any("cookies" in t or "rights reserved" in t for t in texts)  # chrome stripped
+    assert (again.added, again.updated, again.unchanged, again.chunks_embedded) == (0, 0, 2, 0)
+    assert 'GET /en/shipping "v1"' in requests  # the second run asked conditionally
+    pages = await kit.search("shop", "How long does delivery to Belgium take?", reply_language="en")
+    assert pages[0].endswith("/en/shipping")
