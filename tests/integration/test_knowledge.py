@@ -339,7 +339,6 @@ async def test_bad_input_is_reported_and_the_rest_ingested(
 async def test_an_unreachable_url_is_recorded_on_the_source(
     kit: Kit, use_embedder: UseEmbedder
 ) -> None:
-    import aiohttp
 
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     url = f"http://127.0.0.1:{free_port()}/"
