@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -83,3 +83,53 @@ class Reranker(Protocol):
     """Scores (query, text) pairs; higher is more relevant, roughly in [0, 1]."""
 
     async def rerank(self, query: str, texts: Sequence[str]) -> list[float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChunk:
+    """A piece of a streamed reply: text, or (last) the token usage."""
+
+    text: str = ""
+    usage: Usage | None = None
+
+
+class ChatModel(Protocol):
+    """An LLM that streams replies; failures raise `core.errors.Unavailable`."""
+
+    @property
+    def model(self) -> str: ...
+
+    def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        temperature: float,
+        model: str | None = None,
+    ) -> AsyncIterator[ChatChunk]:
+        """Reply token by token; ``model`` overrides the default (e.g. the rewrite model)."""
+        ...
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        temperature: float,
+        model: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """The whole reply at once (rewrites, summaries)."""
+        ...
