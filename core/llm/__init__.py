@@ -1,0 +1,1 @@
+"""Language models: the OpenAI-compatible streaming client and the extractive answerer."""
