@@ -129,7 +129,7 @@ class ChatModel(Protocol):
         max_tokens: int,
         temperature: float,
         model: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the HTTP request's own timeout
     ) -> str:
         """The whole reply at once (rewrites, summaries)."""
         ...

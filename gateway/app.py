@@ -8,13 +8,28 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from channels.api import ApiChannel
+from channels.web import WebChannel
+from core.answer.factory import build_pipeline
 from core.cache import open_cache
+from core.llm.openai_chat import close_chat_model, open_chat_model
 from core.retrieval.embedders import EmbedderIdentity, close_embedder, open_embedder
 from core.settings import Settings
-from core.store import open_database
+from core.store import Agents, open_database
+from core.store.api_keys import ApiKeys
 from core.store.vector_index import check_embedders
-from gateway import health
-from gateway.keys import CACHE, DATABASE, EMBEDDER, HTTP, METRICS, SETTINGS
+from gateway import health, routes
+from gateway.demo import DemoSite, demo_routes, widget_routes
+from gateway.keys import (
+    API_CHANNEL,
+    CACHE,
+    DATABASE,
+    EMBEDDER,
+    HTTP,
+    METRICS,
+    SETTINGS,
+    WEB_CHANNEL,
+)
 from gateway.metrics import HttpMetrics
 from gateway.middlewares import errors, metrics, request_context
 from gateway.runtime import HTTP_TIMEOUT
@@ -56,6 +71,21 @@ async def _http_session(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _channels(app: web.Application) -> AsyncIterator[None]:
+    """The answer pipeline and the HTTP channels that hand turns to it."""
+    settings = app[SETTINGS]
+    pool = app[DATABASE].pool
+    chat = open_chat_model(settings)
+    pipeline = build_pipeline(settings, pool, app[CACHE], app[EMBEDDER], app[HTTP], chat)
+    agents = Agents(pool)
+    app[WEB_CHANNEL] = WebChannel(pipeline, agents, app[CACHE], settings.public_url)
+    app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
+    log.info("gateway.answering mode=%s", "llm" if chat else "extractive")
+    yield
+    if chat is not None:
+        await close_chat_model(chat)
+
+
 async def _announce(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     log.info("gateway.started host=%s port=%d", settings.host, settings.port)
@@ -63,13 +93,20 @@ async def _announce(app: web.Application) -> AsyncIterator[None]:
     log.info("gateway.stopping")
 
 
-def create_app(settings: Settings) -> web.Application:
-    """Build the gateway; resources open on startup and close on cleanup, in reverse order."""
+def create_app(settings: Settings, demo: DemoSite | None = None) -> web.Application:
+    """Build the gateway; resources open on startup and close on cleanup, in reverse order.
+
+    With ``demo``, the sample shop's pages are served at / with the widget on every page.
+    """
     app = web.Application(
         middlewares=[request_context, metrics, errors], client_max_size=MAX_BODY_BYTES
     )
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
-    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _announce])
+    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _channels, _announce])
     app.add_routes(health.routes)
+    app.add_routes(routes.channel_routes())
+    app.add_routes(widget_routes())
+    if demo is not None:
+        app.add_routes(demo_routes(demo.site_dir, demo.agent, demo.widget_key))
     return app

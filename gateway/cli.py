@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
-from aiohttp import web
-
-from core.errors import ConfigError, ParleyError
+from core.errors import ParleyError
 from core.logcontext import configure_logging
 from core.settings import Settings, load_settings
 from core.store import open_database
-from gateway.access_log import AccessLogger
-from gateway.app import create_app
-from gateway.commands import agents, knowledge, search
+from gateway.commands import agents, answers, knowledge, search, serve
 from gateway.runtime import Runtime, open_runtime
 from gateway.worker import run_worker
 
 log = logging.getLogger("gateway.cli")
-
-# Seconds in-flight requests get to finish after SIGTERM.
-SHUTDOWN_GRACE = 15.0
 
 Command = Callable[[argparse.Namespace, Runtime], Awaitable[int | None]]
 
@@ -37,6 +28,8 @@ _RUNTIME_COMMANDS: dict[str, tuple[Command, bool]] = {
     "source": (knowledge.sources, True),
     "rebuild-index": (knowledge.rebuild_index, False),
     "search": (search.run, True),
+    "ask": (answers.ask, True),
+    "key": (answers.key, True),
 }
 
 
@@ -47,49 +40,14 @@ def _parser() -> argparse.ArgumentParser:
         "answered from your own content.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    commands.add_parser("serve", help="run the gateway (HTTP, workers and scheduler)")
+    serve.register(commands)
     commands.add_parser("worker", help="run the background services without HTTP")
     commands.add_parser("migrate", help="apply database migrations and exit")
     agents.register(commands)
     knowledge.register(commands)
     search.register(commands)
+    answers.register(commands)
     return parser
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """Bind the listening socket before anything starts, so a busy port fails fast."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except socket.gaierror:
-        raise ConfigError(f"cannot resolve PARLEY_HOST {host!r}") from None
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-        sock.listen(512)
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"port {port} on {host} is already in use; "
-                "stop the other process or set PARLEY_PORT"
-            ) from None
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    return sock
-
-
-def _serve(settings: Settings) -> None:
-    sock = _listen(settings.host, settings.port)
-    web.run_app(
-        create_app(settings),
-        sock=sock,
-        print=None,
-        shutdown_timeout=SHUTDOWN_GRACE,
-        access_log_class=AccessLogger,
-    )
-    log.info("gateway.stopped")
 
 
 async def _migrate(settings: Settings) -> None:
@@ -109,7 +67,7 @@ async def _with_runtime(args: argparse.Namespace, settings: Settings) -> int:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "serve":
-        _serve(settings)
+        serve.serve(args, settings)
     elif args.command == "worker":
         asyncio.run(run_worker(settings))
     elif args.command == "migrate":

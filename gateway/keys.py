@@ -5,6 +5,8 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from channels.api import ApiChannel
+from channels.web import WebChannel
 from core.ports import Cache, Embedder
 from core.settings import Settings
 from core.store import Database
@@ -16,3 +18,5 @@ CACHE = web.AppKey("cache", Cache)
 EMBEDDER = web.AppKey("embedder", Embedder)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", HttpMetrics)
+WEB_CHANNEL = web.AppKey("web_channel", WebChannel)
+API_CHANNEL = web.AppKey("api_channel", ApiChannel)

@@ -1,1 +1,1 @@
-"""The answer pipeline: curated answers, query rewrite, prompt, LLM stream, guard, post-processing."""
+"""The answer pipeline: curated answers, query rewrite, prompt, LLM, guard, post-processing."""

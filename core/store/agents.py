@@ -115,6 +115,35 @@ class Agents:
             await bind_embedder(conn, row["id"], embedder)
         return await self.get(slug)
 
+    async def update(self, slug: str, **changes: Any) -> Agent:
+        """Change an agent's own settings (persona, threshold, origins, ...)."""
+        allowed = {
+            "name", "default_language", "timezone", "persona", "custom_prompt",
+            "confidence_threshold", "contact_route", "allowed_origins", "settings",
+        }  # fmt: skip
+        unknown = set(changes) - allowed
+        if unknown:
+            raise InvalidInput(f"unknown agent setting(s): {', '.join(sorted(unknown))}")
+        if "timezone" in changes:
+            validate_timezone(changes["timezone"])
+        if "default_language" in changes:
+            changes["default_language"] = validate_language(changes["default_language"])
+        if "allowed_origins" in changes:
+            changes["allowed_origins"] = [o.rstrip("/") for o in changes["allowed_origins"]]
+        if changes:
+            assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(changes, start=2))
+            try:
+                done = await self._pool.execute(
+                    f"UPDATE agents SET {assignments}, updated_at = now() WHERE slug = $1",
+                    slug,
+                    *changes.values(),
+                )
+            except asyncpg.CheckViolationError as exc:
+                raise InvalidInput(f"invalid agent setting: {exc.constraint_name}") from None
+            if done == "UPDATE 0":
+                raise AgentNotFound(slug)
+        return await self.get(slug)
+
     async def get(self, slug: str) -> Agent:
         row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM agents WHERE slug = $1", slug)
         if row is None:

@@ -1,13 +1,29 @@
-"""A local OpenAI-compatible server: `/v1/embeddings` (deterministic vectors)."""
+"""A local OpenAI-compatible server: `/v1/embeddings` and a scriptable `/v1/chat/completions`."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from aiohttp import web
+
+Responder = Callable[[dict[str, Any]], str]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+}
+_POLL = 0.01  # how often a waiting handler looks whether the client is still there
 
 
 def fake_vector(text: str, dimension: int) -> list[float]:
@@ -17,30 +33,78 @@ def fake_vector(text: str, dimension: int) -> list[float]:
     return [float(x) for x in vector / np.linalg.norm(vector)]
 
 
+def split_deltas(text: str) -> list[str]:
+    """Word-sized pieces keeping their spaces; joined they give back ``text``."""
+    return re.findall(r"\s*\S+|\s+$", text)
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "server_error"),
+            "param": None,
+            "code": None,
+        }
+    }
+    headers = {"retry-after-ms": "10"} if status == 429 else None
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
 @dataclass
 class FakeOpenAI:
-    """State of the fake: what it was asked, and failures to serve first."""
+    """State of the fake: how it replies, what it was asked, and failures to serve first.
+
+    Chat replies come from ``replies[model]`` (a queue, first in first out), else from
+    ``responder(body)``, else ``default_reply``; they stream word by word.
+    """
 
     dimension: int = 64
+    # Every request: {"path", "body", "auth"}; `chat_requests` gives just the chat bodies.
     requests: list[dict[str, Any]] = field(default_factory=list)
-    # Statuses to answer before succeeding, e.g. [500, 429].
+    # Statuses the embeddings route answers before succeeding, e.g. [500, 429].
     failures: list[int] = field(default_factory=list)
+    # The same for the chat route, with `error_message` as the error's text.
+    chat_failures: list[int] = field(default_factory=list)
+    error_message: str = "The server had an error while processing your request."
+    replies: dict[str, list[str]] = field(default_factory=dict)
+    responder: Responder | None = None
+    default_reply: str = "I am a fake model and this is my reply."
+    first_token_delay: float = 0.0  # seconds before the first content delta
+    token_delay: float = 0.0  # seconds between content deltas
+    hang: bool = False  # chat requests are never answered (not even headers)
+    break_after: int | None = None  # drop the connection after this many content deltas
+    streams_started: int = 0
+    streams_completed: int = 0  # streams that reached `data: [DONE]`
+    disconnects: int = 0  # chat requests the client abandoned before the end
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/chat/completions", self._chat)
         return app
 
-    async def _embeddings(self, request: web.Request) -> web.Response:
-        body = await request.json()
+    @property
+    def chat_requests(self) -> list[dict[str, Any]]:
+        """The bodies of the chat requests, in order: model, messages, temperature, ..."""
+        return [r["body"] for r in self.requests if r["path"] == "/v1/chat/completions"]
+
+    def _record(self, request: web.Request, body: dict[str, Any]) -> None:
         self.requests.append(
             {"path": request.path, "body": body, "auth": request.headers.get("Authorization")}
         )
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self._record(request, body)
         if self.failures:
-            status = self.failures.pop(0)
-            error = {"error": {"message": "try again", "type": "server_error", "code": None}}
-            headers = {"retry-after-ms": "10"} if status == 429 else None
-            return web.json_response(error, status=status, headers=headers)
+            return _error(self.failures.pop(0), "try again")
         inputs = body["input"]
         if isinstance(inputs, str):
             inputs = [inputs]
@@ -56,3 +120,129 @@ class FakeOpenAI:
                 "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
             }
         )
+
+    # -- chat ---------------------------------------------------------------------------
+
+    def _reply_for(self, body: dict[str, Any]) -> str:
+        queue = self.replies.get(body.get("model", ""))
+        if queue:
+            return queue.pop(0)
+        if self.responder is not None:
+            return self.responder(body)
+        return self.default_reply
+
+    async def _wait(self, request: web.Request, seconds: float) -> bool:
+        """Sleep ``seconds`` (forever when infinite); False as soon as the client has gone."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if _client_gone(request):
+                return False
+            await asyncio.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+        return not _client_gone(request)
+
+    def _gone(self) -> None:
+        self.disconnects += 1
+        self.disconnected.set()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self._record(request, body)
+        try:
+            return await self._answer(request, body)
+        except asyncio.CancelledError:
+            # aiohttp's test server cancels the handler when the client disconnects.
+            self._gone()
+            raise
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if self.chat_failures:
+            return _error(self.chat_failures.pop(0), self.error_message)
+        if not body.get("model") or not isinstance(body.get("messages"), list):
+            return _error(400, "model and messages are required")
+        if self.hang:
+            await self._wait(request, float("inf"))
+            self._gone()
+            return web.Response(status=499)  # nobody is listening any more
+        reply = self._reply_for(body)
+        if body.get("stream"):
+            return await self._stream(request, body, reply)
+        if not await self._wait(request, self.first_token_delay):
+            self._gone()
+            return web.Response(status=499)  # nobody is listening any more
+        return web.json_response(self._completion(body, reply))
+
+    def _usage(self, body: dict[str, Any], reply: str) -> dict[str, int]:
+        prompt = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+        completion = len(split_deltas(reply))
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def _completion(self, body: dict[str, Any], reply: str) -> dict[str, Any]:
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": self._usage(body, reply),
+        }
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], reply: str
+    ) -> web.StreamResponse:
+        self.streams_started += 1
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        chunk_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            data = {
+                "id": chunk_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": body["model"],
+                "choices": choices,
+                "usage": usage,
+            }
+            return f"data: {json.dumps(data)}\n\n".encode()
+
+        def choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+            return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+        try:
+            await response.write(chunk(choice({"role": "assistant", "content": ""})))
+            for number, delta in enumerate(split_deltas(reply)):
+                delay = self.first_token_delay if number == 0 else self.token_delay
+                if number == self.break_after or not await self._wait(request, delay):
+                    break
+                await response.write(chunk(choice({"content": delta})))
+            else:
+                await response.write(chunk(choice({}, "stop")))
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    await response.write(chunk([], self._usage(body, reply)))
+                await response.write(b"data: [DONE]\n\n")
+                await response.write_eof()
+                self.streams_completed += 1
+                return response
+        except (ConnectionResetError, ConnectionError):
+            pass
+        if self.break_after is not None and not _client_gone(request):
+            # Simulate a dropped upstream connection mid-stream.
+            if request.transport is not None:
+                request.transport.close()
+        else:
+            self._gone()
+        return response

@@ -1,0 +1,69 @@
+"""The JSON API: one turn per request, answered in full, for a shop's own integrations."""
+
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from channels.web import parse_body
+from core.answer.pipeline import AnswerPipeline
+from core.errors import Forbidden, Unauthorized, Unavailable
+from core.store.agents import Agents
+from core.store.api_keys import ApiKeys
+from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, PageContext, TurnRequest
+
+
+class TurnBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_:.+-]{1,200}$")
+    page: PageContext | None = None
+    language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")
+
+
+class ApiChannel:
+    def __init__(self, pipeline: AnswerPipeline, agents: Agents, keys: ApiKeys) -> None:
+        self._pipeline = pipeline
+        self._agents = agents
+        self._keys = keys
+
+    async def turn(self, request: web.Request) -> web.Response:
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
+        agent_id = await self._keys.agent_for(key.strip())
+        agent = await self._agents.get(request.match_info["agent"])
+        if agent.id != agent_id:
+            raise Forbidden("this API key belongs to another agent")
+        body: TurnBody = parse_body(await request.read(), TurnBody)
+        session = body.session_id or uuid.uuid4().hex
+        output = CollectingTurnOutput()
+        outcome = await self._pipeline.run(
+            TurnRequest(
+                agent=agent.slug,
+                channel="api",
+                conversation_key=session,
+                text=body.message,
+                page=body.page,
+                language=body.language,
+            ),
+            output,
+        )
+        if outcome.error is not None:
+            raise Unavailable(f"the answer could not be generated ({outcome.error})")
+        return web.json_response(
+            {
+                "answer": outcome.answer,
+                "sources": [s.public() for s in outcome.sources],
+                "citations": list(outcome.citations),
+                "confidence": outcome.confidence,
+                "low_confidence": outcome.low_confidence,
+                "mode": outcome.mode,
+                "session_id": session,
+                "conversation_id": outcome.conversation_id,
+                "turn_id": outcome.turn_id,
+            }
+        )

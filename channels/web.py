@@ -1,0 +1,159 @@
+"""The website widget's channel: key and origin checks, rate limits, answers streamed as SSE."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from core.answer.pipeline import AnswerPipeline
+from core.errors import Forbidden, InvalidInput, Unauthorized
+from core.ports import Cache
+from core.store.agents import Agent, Agents
+from core.turns import MAX_MESSAGE_CHARS, PageContext, TurnEvent, TurnRequest
+
+log = logging.getLogger(__name__)
+
+WRITING_RULE = (
+    "Write for a small chat window: short paragraphs, Markdown for **bold**, lists and links "
+    "where they help, no tables, no headings."
+)
+# Token buckets: (tokens per second, burst); an agent may set its own in
+# settings["rate_limits"] = {"session": [rate, burst], "ip": [rate, burst]}.
+DEFAULT_LIMITS = {"session": (0.2, 5.0), "ip": (1.0, 30.0)}
+_SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache, no-transform",
+    "X-Accel-Buffering": "no",  # nginx: do not hold the stream back
+}
+
+
+class ChatBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    session_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,100}$")
+    page: PageContext | None = None
+    language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")
+
+
+def sse(event: TurnEvent) -> bytes:
+    return f"event: {event.kind}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
+
+
+class SseTurnOutput:
+    """Writes each event as it happens; a closed connection surfaces as ConnectionResetError."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self._response = response
+
+    async def emit(self, event: TurnEvent) -> None:
+        await self._response.write(sse(event))
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """A request body as ``model``; malformed JSON or fields give a clear 400."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "body"
+        raise InvalidInput(f"{where}: {problem['msg']}") from None
+
+
+def _origin(url: str | None) -> str | None:
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else None
+
+
+class WebChannel:
+    def __init__(
+        self, pipeline: AnswerPipeline, agents: Agents, cache: Cache, public_url: str | None
+    ) -> None:
+        self._pipeline = pipeline
+        self._agents = agents
+        self._cache = cache
+        self._public_origin = _origin(public_url)
+
+    def _allowed(self, agent: Agent, origin: str, request: web.Request) -> bool:
+        """The agent's allowed origins, plus the gateway's own (so its demo page works)."""
+        origin = origin.lower().rstrip("/")
+        own = {_origin(str(request.url)), self._public_origin}
+        configured = {o.lower().rstrip("/") for o in agent.allowed_origins}
+        return origin in own or origin in configured
+
+    def _cors(self, origin: str | None) -> dict[str, str]:
+        if not origin:
+            return {}
+        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+
+    async def preflight(self, request: web.Request) -> web.Response:
+        agent = await self._agents.get(request.match_info["agent"])
+        origin = request.headers.get("Origin", "")
+        if not origin or not self._allowed(agent, origin, request):
+            raise Forbidden("this website is not allowed to use this agent's widget")
+        headers = self._cors(origin) | {
+            "Access-Control-Allow-Methods": "POST, OPTIONS",
+            "Access-Control-Allow-Headers": "Content-Type, X-Parley-Key",
+            "Access-Control-Max-Age": "600",
+        }
+        return web.Response(status=204, headers=headers)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        agent = await self._agents.get(request.match_info["agent"])
+        origin = request.headers.get("Origin")
+        if origin is not None and not self._allowed(agent, origin, request):
+            raise Forbidden("this website is not allowed to use this agent's widget")
+        key = request.headers.get("X-Parley-Key", "")
+        if not hmac.compare_digest(key.encode(), agent.widget_key.encode()):
+            raise Unauthorized("missing or wrong widget key (X-Parley-Key)")
+        body: ChatBody = parse_body(await request.read(), ChatBody)
+        limited = await self._rate_limited(agent, body.session_id, request.remote or "unknown")
+        if limited is not None:
+            return self._too_many(limited, origin)
+
+        response = web.StreamResponse(headers=_SSE_HEADERS | self._cors(origin))
+        await response.prepare(request)
+        turn = TurnRequest(
+            agent=agent.slug,
+            channel="web",
+            conversation_key=body.session_id,
+            text=body.message,
+            page=body.page,
+            language=body.language,
+            writing_rule=WRITING_RULE,
+        )
+        await self._pipeline.run(turn, SseTurnOutput(response))
+        # The visitor may have left before the end; the turn is saved regardless.
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    async def _rate_limited(self, agent: Agent, session: str, ip: str) -> float | None:
+        """Seconds to wait when the session or the address is over its budget, else None."""
+        configured = agent.settings.get("rate_limits") or {}
+        for scope, key in (
+            ("session", f"rate:web:{agent.id}:session:{session}"),
+            ("ip", f"rate:web:{agent.id}:ip:{ip}"),
+        ):
+            rate, burst = configured.get(scope) or DEFAULT_LIMITS[scope]
+            bucket = await self._cache.take_token(key, rate=float(rate), capacity=float(burst))
+            if not bucket.allowed:
+                log.info("web.rate_limited agent=%s scope=%s", agent.slug, scope)
+                return bucket.retry_after
+        return None
+
+    def _too_many(self, retry_after: float, origin: str | None) -> web.Response:
+        event = TurnEvent.error("rate_limited", "Too many messages; please wait a moment.")
+        headers = (
+            _SSE_HEADERS | self._cors(origin) | {"Retry-After": str(max(1, round(retry_after)))}
+        )
+        return web.Response(status=429, body=sse(event), headers=headers)

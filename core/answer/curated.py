@@ -1,0 +1,55 @@
+"""Curated answers: a trigger (keyword, pattern or a close question) short-circuits the turn."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from core.ports import Embedder
+from core.store.curated import CuratedAnswer
+
+log = logging.getLogger(__name__)
+
+QUESTION_SIMILARITY = 0.8
+
+
+def _has_phrase(text: str, phrase: str) -> bool:
+    return re.search(rf"(?<!\w){re.escape(phrase.casefold())}(?!\w)", text.casefold()) is not None
+
+
+def _pattern_matches(pattern: str, text: str) -> bool:
+    try:
+        return re.search(pattern, text, re.IGNORECASE) is not None
+    except re.error:
+        log.warning("curated.pattern.invalid pattern=%r", pattern)
+        return False
+
+
+async def match_curated(
+    question: str,
+    question_vector: NDArray[np.float32] | None,
+    answers: Sequence[CuratedAnswer],
+    embedder: Embedder,
+) -> CuratedAnswer | None:
+    """The first answer whose keyword or pattern occurs, else the closest question above the
+    bar. Keywords and patterns are exact tools staff chose, so they win over similarity."""
+    for answer in answers:
+        if any(_has_phrase(question, k) for k in answer.keywords if k.strip()):
+            return answer
+        if answer.pattern and _pattern_matches(answer.pattern, question):
+            return answer
+    with_questions = [a for a in answers if a.question.strip()]
+    if not with_questions:
+        return None
+    vectors = await embedder.embed([a.question for a in with_questions])
+    if question_vector is None:
+        question_vector = (await embedder.embed([question]))[0]
+    similarities = vectors @ question_vector
+    best = int(np.argmax(similarities))
+    if float(similarities[best]) >= QUESTION_SIMILARITY:
+        return with_questions[best]
+    return None

@@ -1,0 +1,459 @@
+"""`AnswerPipeline`: the one way every channel gets an answer, as a stream of turn events."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from core.answer.curated import match_curated
+from core.answer.gaps import gap_reason
+from core.answer.guard import StreamGuard, refusal
+from core.answer.postprocess import postprocess
+from core.answer.prompt import PromptInput, PromptSource, build_messages, secret_text
+from core.answer.rewrite import QueryRewriter
+from core.errors import Unavailable
+from core.knowledge.locale import detect_language, language_of
+from core.llm.extractive import extractive_answer
+from core.ports import ChatModel, Embedder, Usage
+from core.retrieval.retriever import Hit, RetrievalQuery, RetrievalResult, Retriever
+from core.store.agents import Agent, Agents
+from core.store.conversations import Conversations, TurnRecord, as_history
+from core.store.curated import CuratedAnswers
+from core.turns import TurnEvent, TurnOutput, TurnRequest
+
+log = logging.getLogger(__name__)
+
+NOTHING_RETRIEVED_CONFIDENCE = 0.3
+# Question-to-statement similarity with the bundled encoder is lower than question-to-question
+# (a right sentence scores about 0.3); below this a sentence is not quoted as an answer.
+EXTRACTIVE_MIN_SIMILARITY = 0.28
+HISTORY_MESSAGES = 12
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    rewrite_model: str | None = None
+    rewrite_timeout_ms: int = 1500
+    max_sources: int = 5
+    max_tokens: int = 700
+    temperature: float = 0.2
+    max_words: int = 150
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    id: int
+    url: str
+    title: str
+    score: float
+    text: str
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.id, "url": self.url, "title": self.title, "score": self.score}
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    answer: str
+    mode: str
+    sources: tuple[SourceRef, ...] = ()
+    citations: tuple[int, ...] = ()
+    confidence: float | None = None
+    low_confidence: bool = False
+    conversation_id: int | None = None
+    turn_id: int | None = None
+    error: str | None = None
+
+
+class _Output:
+    """Wraps the channel's output: after the visitor has gone, events are dropped quietly."""
+
+    def __init__(self, output: TurnOutput) -> None:
+        self._output = output
+        self.gone = False
+
+    async def emit(self, event: TurnEvent) -> None:
+        if self.gone:
+            return
+        try:
+            await self._output.emit(event)
+        except (ConnectionResetError, ConnectionError):
+            self.gone = True
+            log.info("turn.client.gone event=%s", event.kind)
+
+
+@dataclass
+class _Trace:
+    started: float = field(default_factory=time.perf_counter)
+    timings: dict[str, float] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def lap(self, name: str, since: float) -> None:
+        self.timings[name] = round((time.perf_counter() - since) * 1000, 2)
+
+    def export(self) -> dict[str, Any]:
+        self.timings["total"] = round((time.perf_counter() - self.started) * 1000, 2)
+        return {**self.data, "timings_ms": self.timings}
+
+
+def _sources(result: RetrievalResult, limit: int) -> list[SourceRef]:
+    """The surviving chunks grouped by page: one numbered source per page, best first."""
+    by_page: dict[str, list[Hit]] = {}
+    for hit in result.hits:
+        by_page.setdefault(hit.url, []).append(hit)
+    sources = []
+    for number, hits in enumerate(list(by_page.values())[:limit], start=1):
+        best = hits[0]
+        text = "\n\n".join(h.text for h in sorted(hits, key=lambda h: h.chunk_id))
+        sources.append(SourceRef(number, best.url, best.title, round(best.match, 4), text))
+    return sources
+
+
+def _word_chunks(text: str) -> list[str]:
+    """Canned and extractive answers stream a few words at a time, like a model would."""
+    words = text.split(" ")
+    return [
+        " ".join(words[i : i + 3]) + (" " if i + 3 < len(words) else "")
+        for i in range(0, len(words), 3)
+    ]
+
+
+class AnswerPipeline:
+    def __init__(
+        self,
+        *,
+        agents: Agents,
+        conversations: Conversations,
+        curated: CuratedAnswers,
+        retriever: Retriever,
+        embedder: Embedder,
+        chat: ChatModel | None,
+        rewriter: QueryRewriter,
+        config: PipelineConfig,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._agents = agents
+        self._conversations = conversations
+        self._curated = curated
+        self._retriever = retriever
+        self._embedder = embedder
+        self._chat = chat
+        self._rewriter = rewriter
+        self._config = config
+        self._clock = clock
+
+    async def run(self, request: TurnRequest, output: TurnOutput) -> TurnOutcome:
+        out = _Output(output)
+        trace = _Trace()
+        await out.emit(TurnEvent.status("searching"))
+        agent = await self._agents.get(request.agent)
+        conversation_id = await self._conversations.find(
+            agent.id, request.channel, request.conversation_key
+        )
+        history = (
+            as_history(await self._conversations.recent(conversation_id, HISTORY_MESSAGES))
+            if conversation_id
+            else []
+        )
+        if request.already_saved and history and history[-1] == ("visitor", request.text):
+            history = history[:-1]
+        language = self._language(request, agent)
+        trace.data.update({"query": request.text, "language": language, "channel": request.channel})
+
+        curated = await match_curated(
+            request.text, None, await self._curated.enabled(agent.id), self._embedder
+        )
+        if curated is not None:
+            await self._curated.count_hit(curated.id)
+            trace.data["curated_id"] = curated.id
+            return await self._finish_canned(request, agent, out, trace, curated.answer, language)
+
+        step = time.perf_counter()
+        rewrite = await self._rewriter.rewrite(
+            f"{agent.id}:{request.channel}:{request.conversation_key}", request.text, history
+        )
+        trace.lap("rewrite", step)
+        trace.data.update(
+            {
+                "rewritten_query": rewrite.query,
+                "rewrite": rewrite.method,
+                "rewrite_reason": rewrite.reason,
+            }
+        )
+
+        step = time.perf_counter()
+        result = await self._retriever.retrieve(
+            self._retrieval_query(request, agent, rewrite.query, language)
+        )
+        trace.lap("retrieve", step)
+        trace.data["retrieved"] = [
+            {"chunk_id": h.chunk_id, "url": h.url, "match": h.match, "score": h.score,
+             "boost": h.boost, "reasons": list(h.reasons), "passed": h in result.hits}
+            for h in result.ranked[:10]
+        ]  # fmt: skip
+        sources = _sources(result, self._config.max_sources)
+        confidence = result.confidence if result.ranked else NOTHING_RETRIEVED_CONFIDENCE
+        low_confidence = result.low_confidence or (confidence or 0.0) < agent.confidence_threshold
+        await out.emit(TurnEvent.status("reading"))
+        await out.emit(TurnEvent.status("answering"))
+
+        step = time.perf_counter()
+        if self._chat is None:
+            generated = await self._extractive(request, agent, sources, language, out)
+        else:
+            generated = await self._generate(request, agent, sources, history, language, out, trace)
+        trace.lap("generate", step)
+        if generated.error is not None:
+            await out.emit(TurnEvent.error(generated.error, generated.message))
+            return TurnOutcome(answer="", mode=generated.mode, error=generated.error)
+
+        processed = postprocess(generated.text, len(sources), [s.text for s in sources])
+        answer = processed.text if not generated.leaked else generated.text
+        cited = processed.citations if not generated.leaked else ()
+        # What the visitor sees as sources: those the answer cites (none when it cites none).
+        shown = [] if generated.leaked else [s for s in sources if s.id in cited]
+        await out.emit(TurnEvent("sources", {"sources": [s.public() for s in shown]}))
+        trace.data.update(
+            {
+                "sources": [s.public() for s in sources],
+                "citations": list(cited),
+                "disconnected": out.gone,
+                "guard": "leak" if generated.leaked else "ok",
+            }
+        )
+        saved = await self._conversations.save_turn(
+            TurnRecord(
+                agent_id=agent.id,
+                channel=request.channel,
+                conversation_key=request.conversation_key,
+                question=request.text,
+                answer=answer,
+                save_question=not request.already_saved,
+                rewritten_query=rewrite.query if rewrite.method != "verbatim" else None,
+                confidence=confidence,
+                low_confidence=low_confidence,
+                mode=generated.mode,
+                trace=trace.export() | {"model": generated.model, "usage": generated.usage_dict()},
+                language=language,
+                prompt_tokens=generated.usage.prompt_tokens if generated.usage else 0,
+                completion_tokens=generated.usage.completion_tokens if generated.usage else 0,
+                count_usage=request.channel != "playground",
+                gap_reason=gap_reason(answer, low_confidence),
+            )
+        )
+        await out.emit(
+            TurnEvent(
+                "done",
+                {
+                    "conversation_id": saved.conversation_id,
+                    "turn_id": saved.turn_id,
+                    "confidence": confidence,
+                    "low_confidence": low_confidence,
+                    "citations": list(cited),
+                    "answer": answer,
+                    "mode": generated.mode,
+                },
+            )
+        )
+        return TurnOutcome(
+            answer=answer,
+            mode=generated.mode,
+            sources=tuple(shown),
+            citations=cited,
+            confidence=confidence,
+            low_confidence=low_confidence,
+            conversation_id=saved.conversation_id,
+            turn_id=saved.turn_id,
+        )
+
+    def _language(self, request: TurnRequest, agent: Agent) -> str:
+        if request.overrides and request.overrides.get("language"):
+            return language_of(str(request.overrides["language"]))
+        if request.language:
+            return language_of(request.language)
+        return detect_language(request.text) or language_of(agent.default_language)
+
+    def _retrieval_query(
+        self, request: TurnRequest, agent: Agent, text: str, language: str
+    ) -> RetrievalQuery:
+        return RetrievalQuery(
+            agent=agent,
+            text=text,
+            k=self._config.max_sources * 2,
+            page_url=request.page.url if request.page else None,
+            reply_language=language,
+        )
+
+    async def _finish_canned(
+        self,
+        request: TurnRequest,
+        agent: Agent,
+        out: _Output,
+        trace: _Trace,
+        text: str,
+        language: str,
+    ) -> TurnOutcome:
+        await out.emit(TurnEvent.status("answering"))
+        for piece in _word_chunks(text):
+            await out.emit(TurnEvent.token(piece))
+        await out.emit(TurnEvent("sources", {"sources": []}))
+        saved = await self._conversations.save_turn(
+            TurnRecord(
+                agent_id=agent.id,
+                channel=request.channel,
+                conversation_key=request.conversation_key,
+                question=request.text,
+                answer=text,
+                save_question=not request.already_saved,
+                rewritten_query=None,
+                confidence=1.0,
+                low_confidence=False,
+                mode="curated",
+                trace=trace.export(),
+                language=language,
+                count_usage=request.channel != "playground",
+            )
+        )
+        await out.emit(
+            TurnEvent(
+                "done",
+                {
+                    "conversation_id": saved.conversation_id,
+                    "turn_id": saved.turn_id,
+                    "confidence": 1.0,
+                    "low_confidence": False,
+                    "citations": [],
+                    "answer": text,
+                    "mode": "curated",
+                },
+            )
+        )
+        return TurnOutcome(
+            answer=text, mode="curated", confidence=1.0,
+            conversation_id=saved.conversation_id, turn_id=saved.turn_id,
+        )  # fmt: skip
+
+    async def _extractive(
+        self,
+        request: TurnRequest,
+        agent: Agent,
+        sources: Sequence[SourceRef],
+        language: str,
+        out: _Output,
+    ) -> _Generated:
+        result = await extractive_answer(
+            request.text,
+            [s.text for s in sources],
+            self._embedder,
+            language=language,
+            contact_route=agent.contact_route,
+            min_similarity=EXTRACTIVE_MIN_SIMILARITY,
+        )
+        for piece in _word_chunks(result.text):
+            await out.emit(TurnEvent.token(piece))
+            if out.gone:
+                break
+        return _Generated(text=result.text, mode="extractive")
+
+    async def _generate(
+        self,
+        request: TurnRequest,
+        agent: Agent,
+        sources: Sequence[SourceRef],
+        history: Sequence[tuple[str, str]],
+        language: str,
+        out: _Output,
+        trace: _Trace,
+    ) -> _Generated:
+        assert self._chat is not None
+        settings = agent.settings
+        messages = build_messages(
+            PromptInput(
+                persona=agent.persona,
+                agent_name=agent.name,
+                guardrails=str(settings.get("guardrails", "")),
+                max_words=int(settings.get("max_words", self._config.max_words)),
+                timezone=agent.timezone,
+                now=self._clock(),
+                page_url=request.page.url if request.page else None,
+                page_title=request.page.title if request.page else None,
+                page_context=request.page.context if request.page else None,
+                custom_prompt=agent.custom_prompt,
+                language=language,
+                writing_rule=request.writing_rule,
+                sources=[PromptSource(s.id, s.url, s.title, s.text) for s in sources],
+                history=history,
+                summary=None,
+                question=request.text,
+            )
+        )
+        guard = StreamGuard(secret_text())
+        answer = ""
+        released = 0
+        usage: Usage | None = None
+        first_token: float | None = None
+        started = time.perf_counter()
+        stream = self._chat.stream(
+            messages, max_tokens=self._config.max_tokens, temperature=self._config.temperature
+        )
+        try:
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                    continue
+                if not chunk.text:
+                    continue
+                if first_token is None:
+                    first_token = time.perf_counter()
+                    trace.lap("first_token", started)
+                answer += chunk.text
+                verdict = guard.check(answer)
+                if verdict == "hold":
+                    continue
+                if verdict == "wordless":
+                    return _Generated.failed("the model's reply held no words", self._chat.model)
+                if verdict == "leak":
+                    log.warning("turn.guard.leak agent=%s", agent.slug)
+                    return _Generated(text=refusal(language), mode="llm", leaked=True,
+                                      model=self._chat.model, usage=usage)  # fmt: skip
+                await out.emit(TurnEvent.token(answer[released:]))
+                released = len(answer)
+                if out.gone:
+                    break  # the visitor left: stop paying for tokens nobody reads
+        except Unavailable as exc:
+            log.warning("turn.llm.failed reason=%s", exc.message)
+            return _Generated.failed("the answer could not be generated", self._chat.model)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        if not out.gone and (not answer.strip() or guard.check(answer) in ("hold", "wordless")):
+            return _Generated.failed("the model's reply held no words", self._chat.model)
+        if released < len(answer):
+            await out.emit(TurnEvent.token(answer[released:]))
+        return _Generated(text=answer, mode="llm", model=self._chat.model, usage=usage)
+
+
+@dataclass
+class _Generated:
+    text: str
+    mode: str
+    leaked: bool = False
+    model: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+    message: str = ""
+
+    @classmethod
+    def failed(cls, message: str, model: str) -> _Generated:
+        return cls(text="", mode="llm", model=model, error="llm_failed", message=message)
+
+    def usage_dict(self) -> dict[str, int] | None:
+        if self.usage is None:
+            return None
+        return {
+            "prompt_tokens": self.usage.prompt_tokens,
+            "completion_tokens": self.usage.completion_tokens,
+        }

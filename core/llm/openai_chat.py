@@ -1,0 +1,212 @@
+"""The chat model: any OpenAI-compatible `/chat/completions` endpoint, streamed, with deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import openai
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from core.errors import Unavailable
+from core.ports import ChatChunk, ChatMessage, ChatModel, Usage
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_FIRST_TOKEN_TIMEOUT = 20.0
+DEFAULT_TOTAL_TIMEOUT = 90.0
+
+# Worth one more try before the first token; APITimeoutError is an APIConnectionError.
+_TRANSIENT = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+# What a call can fail with: the client's errors, our deadlines, and malformed replies
+# (JSON or schema errors are ValueErrors).
+_FAILURES = (openai.OpenAIError, TimeoutError, ValueError)
+
+
+def _reason(exc: BaseException) -> str:
+    """A short, safe description: never the server's text, which may echo the request."""
+    if isinstance(exc, TimeoutError | openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIStatusError):
+        return f"status {exc.status_code}"
+    if isinstance(exc, openai.APIConnectionError):
+        return "connection failed"
+    return type(exc).__name__
+
+
+def _wire(messages: Sequence[ChatMessage]) -> list[ChatCompletionMessageParam]:
+    wire: list[ChatCompletionMessageParam] = []
+    for message in messages:
+        if message.role == "system":
+            wire.append({"role": "system", "content": message.content})
+        elif message.role == "user":
+            wire.append({"role": "user", "content": message.content})
+        else:
+            wire.append({"role": "assistant", "content": message.content})
+    return wire
+
+
+def _usage(chunk: ChatCompletionChunk) -> Usage | None:
+    if chunk.usage is None:
+        return None
+    return Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+
+
+class OpenAIChatModel:
+    """Streams replies from an OpenAI-compatible API; every failure is `Unavailable`.
+
+    ``first_token_timeout`` bounds the wait for the first piece of text (connecting and
+    one quick retry of a transient failure included), ``total_timeout`` the whole reply.
+    A consumer that stops early must ``aclose()`` the stream so the HTTP response closes.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        first_token_timeout: float = DEFAULT_FIRST_TOKEN_TIMEOUT,
+        total_timeout: float = DEFAULT_TOTAL_TIMEOUT,
+        attempts: int = 2,
+        backoff: float = 0.25,
+    ) -> None:
+        self._model = model
+        self._first_token_timeout = first_token_timeout
+        self._total_timeout = total_timeout
+        self._attempts = attempts
+        self._backoff = backoff
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key, base_url=base_url, max_retries=0, timeout=total_timeout
+        )
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(_TRANSIENT),
+            wait=wait_exponential(multiplier=self._backoff, max=2) + wait_random(0, self._backoff),
+            stop=stop_after_attempt(self._attempts),
+            reraise=True,
+        ):
+            with attempt:
+                return await call()
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+    def _failed(self, what: str, model: str, exc: BaseException) -> Unavailable:
+        reason = _reason(exc)
+        log.warning("llm.%s.failed model=%s reason=%s", what, model, reason)
+        return Unavailable(f"language model failed: {reason}")
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        temperature: float,
+        model: str | None = None,
+    ) -> AsyncIterator[ChatChunk]:
+        name = model or self._model
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self._total_timeout
+        first_deadline = min(deadline, started + self._first_token_timeout)
+        try:
+            async with asyncio.timeout_at(first_deadline):
+                response = await self._retrying(
+                    lambda: self._client.chat.completions.create(
+                        model=name,
+                        messages=_wire(messages),
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                )
+        except _FAILURES as exc:
+            raise self._failed("stream", name, exc) from exc
+        usage: Usage | None = None
+        seen_text = False
+        # Leaving this block in any way (end, error, cancellation, aclose) closes the
+        # HTTP response, so an abandoned reply stops costing tokens at once.
+        async with response:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline if seen_text else first_deadline):
+                        chunk = await anext(response)
+                except StopAsyncIteration:
+                    break
+                except _FAILURES as exc:
+                    raise self._failed("stream", name, exc) from exc
+                except asyncio.CancelledError:
+                    log.info("llm.stream.cancelled model=%s", name)
+                    raise
+                usage = _usage(chunk) or usage
+                for choice in chunk.choices[:1]:
+                    if choice.delta.content:
+                        seen_text = True
+                        yield ChatChunk(text=choice.delta.content)
+                    if choice.finish_reason not in (None, "stop"):
+                        log.info("llm.stream.cut model=%s reason=%s", name, choice.finish_reason)
+        log.debug("llm.stream.done model=%s seconds=%.2f", name, loop.time() - started)
+        if usage is not None:
+            yield ChatChunk(usage=usage)
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        temperature: float,
+        model: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the ChatModel port asks for it
+    ) -> str:
+        name = model or self._model
+        try:
+            async with asyncio.timeout(timeout if timeout is not None else self._total_timeout):
+                completion = await self._retrying(
+                    lambda: self._client.chat.completions.create(
+                        model=name,
+                        messages=_wire(messages),
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                    )
+                )
+        except _FAILURES as exc:
+            raise self._failed("complete", name, exc) from exc
+        if not completion.choices:
+            raise self._failed("complete", name, ValueError("no choices"))
+        return completion.choices[0].message.content or ""
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def open_chat_model(settings: Settings) -> ChatModel | None:
+    """The configured LLM, or None when there is none (answers are then extractive)."""
+    if not settings.llm_configured:
+        return None
+    api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "unused"
+    host = urlsplit(settings.llm_base_url).hostname if settings.llm_base_url else "default"
+    log.info("llm.configured model=%s host=%s", settings.llm_model, host)
+    return OpenAIChatModel(settings.llm_model, api_key=api_key, base_url=settings.llm_base_url)
+
+
+async def close_chat_model(model: ChatModel | None) -> None:
+    if isinstance(model, OpenAIChatModel):
+        await model.close()

@@ -1,0 +1,159 @@
+"""Conversations, their messages and turn traces, usage and content gaps: what a turn leaves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+import asyncpg
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    id: int
+    role: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """Everything one answered turn writes, in one transaction, after the stream."""
+
+    agent_id: int
+    channel: str
+    conversation_key: str
+    question: str
+    answer: str
+    save_question: bool
+    rewritten_query: str | None
+    confidence: float | None
+    low_confidence: bool
+    mode: str
+    trace: Mapping[str, Any]
+    language: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    count_usage: bool = True
+    gap_reason: str | None = None  # "weak_match" or "deferred"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTurn:
+    conversation_id: int
+    turn_id: int
+
+
+class Conversations:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def find(self, agent_id: int, channel: str, key: str) -> int | None:
+        found: int | None = await self._pool.fetchval(
+            """SELECT id FROM conversations
+                WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3""",
+            agent_id,
+            channel,
+            key,
+        )
+        return found
+
+    async def recent(self, conversation_id: int, limit: int = 12) -> list[StoredMessage]:
+        """The last messages of the current generation, oldest first."""
+        rows = await self._pool.fetch(
+            """SELECT m.id, m.role, m.text FROM messages m
+                 JOIN conversations c ON c.id = m.conversation_id
+                WHERE m.conversation_id = $1 AND m.generation = c.generation
+                  AND m.role IN ('visitor', 'assistant', 'staff')
+                ORDER BY m.id DESC LIMIT $2""",
+            conversation_id,
+            limit,
+        )
+        return [StoredMessage(r["id"], r["role"], r["text"]) for r in reversed(rows)]
+
+    async def save_turn(self, record: TurnRecord) -> SavedTurn:
+        async with self._pool.acquire() as conn, conn.transaction():
+            conversation_id: int = await conn.fetchval(
+                """INSERT INTO conversations (agent_id, channel, conversation_key, language)
+                   VALUES ($1, $2, $3, $4)
+                   ON CONFLICT (agent_id, channel, conversation_key) DO UPDATE
+                      SET last_message_at = now(),
+                          language = COALESCE(EXCLUDED.language, conversations.language)
+                   RETURNING id""",
+                record.agent_id,
+                record.channel,
+                record.conversation_key,
+                record.language,
+            )
+            turn_id: int = await conn.fetchval(
+                """INSERT INTO turns (conversation_id, agent_id, channel, query, rewritten_query,
+                                      confidence, low_confidence, mode, trace)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id""",
+                conversation_id,
+                record.agent_id,
+                record.channel,
+                record.question,
+                record.rewritten_query,
+                record.confidence,
+                record.low_confidence,
+                record.mode,
+                dict(record.trace),
+            )
+            generation = await conn.fetchval(
+                "SELECT generation FROM conversations WHERE id = $1", conversation_id
+            )
+            if record.save_question:
+                await _add_message(
+                    conn, conversation_id, "visitor", record.question, None, generation
+                )
+            await _add_message(
+                conn, conversation_id, "assistant", record.answer, turn_id, generation
+            )
+            if record.count_usage:
+                await conn.execute(
+                    """INSERT INTO usage (agent_id, day, channel, turns, prompt_tokens,
+                                          completion_tokens)
+                       VALUES ($1, $2, $3, 1, $4, $5)
+                       ON CONFLICT (agent_id, day, channel) DO UPDATE SET
+                           turns = usage.turns + 1,
+                           prompt_tokens = usage.prompt_tokens + EXCLUDED.prompt_tokens,
+                           completion_tokens = usage.completion_tokens
+                                               + EXCLUDED.completion_tokens""",
+                    record.agent_id,
+                    date.today(),
+                    record.channel,
+                    record.prompt_tokens,
+                    record.completion_tokens,
+                )
+            if record.gap_reason is not None:
+                await conn.execute(
+                    """INSERT INTO content_gaps (agent_id, turn_id, question, language, reason,
+                                                 confidence)
+                       VALUES ($1, $2, $3, $4, $5, $6)""",
+                    record.agent_id,
+                    turn_id,
+                    record.question,
+                    record.language,
+                    record.gap_reason,
+                    record.confidence,
+                )
+        return SavedTurn(conversation_id, turn_id)
+
+
+async def _add_message(
+    conn: Any, conversation_id: int, role: str, text: str, turn_id: int | None, generation: int
+) -> None:
+    await conn.execute(
+        """INSERT INTO messages (conversation_id, role, text, turn_id, generation)
+           VALUES ($1, $2, $3, $4, $5)""",
+        conversation_id,
+        role,
+        text,
+        turn_id,
+        generation,
+    )
+
+
+def as_history(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
+    return [(m.role, m.text) for m in messages]

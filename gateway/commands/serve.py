@@ -1,0 +1,105 @@
+"""`parley serve [--demo]`: bind the port first, prepare the demo if asked, run until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import logging
+import socket
+
+from aiohttp import web
+
+from core.errors import ConfigError, NotFound
+from core.knowledge.ingest import Ingestor
+from core.knowledge.sources import parse_source
+from core.retrieval.embedders import EmbedderIdentity
+from core.settings import Settings
+from core.store import Agents
+from core.store.knowledge import KnowledgeStore
+from gateway.access_log import AccessLogger
+from gateway.app import create_app
+from gateway.demo import DEMO_SITE, DemoSite
+from gateway.runtime import open_runtime
+
+log = logging.getLogger(__name__)
+
+# Seconds in-flight requests (streams included) get to finish after SIGTERM.
+SHUTDOWN_GRACE = 15.0
+DEMO_AGENT = "demo"
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser("serve", help="run the gateway (HTTP, workers and scheduler)")
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        help="serve the bundled sample shop at / with the chat bubble (agent 'demo')",
+    )
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before anything starts, so a busy port fails fast."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror:
+        raise ConfigError(f"cannot resolve PARLEY_HOST {host!r}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is already in use; "
+                "stop the other process or set PARLEY_PORT"
+            ) from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+async def prepare_demo(settings: Settings) -> DemoSite:
+    """Agent `demo` with the sample shop ingested; only the first start does real work."""
+    if not DEMO_SITE.is_dir():
+        raise ConfigError(f"the sample shop is missing ({DEMO_SITE}); run from a full checkout")
+    async with open_runtime(settings) as runtime:
+        agents = Agents(runtime.database.pool)
+        try:
+            agent = await agents.get(DEMO_AGENT)
+        except NotFound:
+            agent = await agents.create(
+                DEMO_AGENT,
+                embedder=EmbedderIdentity.of(runtime.embedder),
+                name="Noordkaap Outdoor (demo)",
+                language="en",
+                timezone="Europe/Amsterdam",
+            )
+            log.info("demo.agent.created widget_key=%s", agent.widget_key)
+        ingestor = Ingestor(KnowledgeStore(runtime.database.pool), runtime.embedder)
+        report = await ingestor.ingest(agent, parse_source(str(DEMO_SITE)))
+        log.info(
+            "demo.ready pages_added=%d unchanged=%d chunks_embedded=%d",
+            report.added,
+            report.unchanged,
+            report.chunks_embedded,
+        )
+        return DemoSite(DEMO_SITE, agent.slug, agent.widget_key)
+
+
+def serve(args: argparse.Namespace, settings: Settings) -> None:
+    sock = _listen(settings.host, settings.port)
+    demo = asyncio.run(prepare_demo(settings)) if args.demo else None
+    if demo is not None:
+        log.info("demo.open url=http://%s:%d/", settings.host, settings.port)
+    web.run_app(
+        create_app(settings, demo),
+        sock=sock,
+        print=None,
+        shutdown_timeout=SHUTDOWN_GRACE,
+        access_log_class=AccessLogger,
+    )
+    log.info("gateway.stopped")
