@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -82,6 +83,12 @@ class WebChannel:
         self._agents = agents
         self._cache = cache
         self._public_origin = _origin(public_url)
+        self._turns: set[asyncio.Task[object]] = set()
+
+    async def drain(self, within: float) -> None:
+        """Let turns in flight finish (and save) before shutdown."""
+        if self._turns:
+            await asyncio.wait(set(self._turns), timeout=within)
 
     def _allowed(self, agent: Agent, origin: str, request: web.Request) -> bool:
         """The agent's allowed origins, plus the gateway's own (so its demo page works)."""
@@ -131,7 +138,12 @@ class WebChannel:
             language=body.language,
             writing_rule=WRITING_RULE,
         )
-        await self._pipeline.run(turn, SseTurnOutput(response))
+        # The turn runs in a task of its own: should the server cancel this handler when the
+        # visitor goes away, the turn still stops its LLM stream and saves what was said.
+        task = asyncio.create_task(self._pipeline.run(turn, SseTurnOutput(response)))
+        self._turns.add(task)
+        task.add_done_callback(self._turns.discard)
+        await asyncio.shield(task)
         # The visitor may have left before the end; the turn is saved regardless.
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()

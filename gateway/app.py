@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # Largest request body accepted (webhooks and chat messages are far smaller).
 MAX_BODY_BYTES = 1024 * 1024
+# How long turns still streaming at shutdown get to finish and be saved.
+TURN_DRAIN_SECONDS = 10.0
 
 
 async def _embedder(app: web.Application) -> AsyncIterator[None]:
@@ -82,6 +84,7 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
     log.info("gateway.answering mode=%s", "llm" if chat else "extractive")
     yield
+    await app[WEB_CHANNEL].drain(within=TURN_DRAIN_SECONDS)
     if chat is not None:
         await close_chat_model(chat)
 

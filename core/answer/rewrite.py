@@ -106,7 +106,7 @@ class QueryRewriter:
                 timeout=self._timeout,
             )
         except Unavailable as exc:
-            reason = "timeout" if "timed out" in exc.message.lower() else "error"
+            reason = "timeout" if "timeout" in exc.message.lower() else "error"
             log.info("rewrite.fallback reason=%s", reason)
             return Rewrite(heuristic_rewrite(question, history), "heuristic", _ms(started), reason)
         query = " ".join(text.strip().strip('"').split())
