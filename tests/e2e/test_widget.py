@@ -13,13 +13,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from gateway.demo import DEMO_SITE, WIDGET_JS, demo_routes, widget_routes
+from tests.e2e.browser import ARTIFACTS, ask, chromium, last_answer, open_chat, widget
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 KEY = "pk_test_0123456789"
 PRODUCT_PAGE = "/nl/producten/stormvang-3l.html"
 
@@ -125,15 +124,8 @@ def site_app(fake: FakeChat) -> web.Application:
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
+    async with chromium() as launched:
         yield launched
-        await launched.close()
 
 
 @pytest.fixture
@@ -156,28 +148,6 @@ async def open_page(
     page = await browser.new_page(viewport={"width": width, "height": height})
     await page.goto(str(site.make_url(path)))
     return page
-
-
-def widget(page: Page) -> Locator:
-    return page.locator("parley-chat")
-
-
-def last_answer(page: Page) -> Locator:
-    return page.locator("parley-chat .msg.bot:not(.greeting)").last
-
-
-async def ask(page: Page, question: str) -> None:
-    box = widget(page).get_by_role("textbox")
-    await box.fill(question)
-    await box.press("Enter")
-
-
-async def open_chat(page: Page, label: str = "Chat openen") -> None:
-    await widget(page).get_by_role("button", name=label).click()
-    panel = widget(page).get_by_role("dialog")
-    await expect(panel).to_be_visible()
-    # The panel slides in; measure it where it comes to rest.
-    await panel.evaluate("el => Promise.all(el.getAnimations().map((a) => a.finished))")
 
 
 async def session_in_storage(page: Page) -> str:

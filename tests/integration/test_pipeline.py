@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 from aiohttp.test_utils import TestServer
@@ -95,8 +96,6 @@ async def rig(
     )  # fmt: skip
     agent = await _shop(database, use_embedder, tmp_path)
     chat = OpenAIChatModel(MODEL, api_key="sk-test", base_url=url)
-    import aiohttp
-
     async with aiohttp.ClientSession() as session:
         pipeline = build_pipeline(settings, database.pool, cache, use_embedder, session, chat)
         yield Rig(server, pipeline, database, agent, settings)
@@ -281,15 +280,20 @@ async def test_a_visitor_who_leaves_stops_the_llm_and_what_was_said_is_saved(
     )
     await app_server.start_server()
     try:
-        async with httpx.AsyncClient(base_url=str(app_server.make_url("/")), timeout=30) as client:
-            async with client.stream(
-                "POST", "/api/v1/agents/shop/chat",
-                json={"message": "How long does delivery to Belgium take?", "session_id": "leaving-01"},
+        base = str(app_server.make_url("/"))
+        body = {"message": "How long does delivery to Belgium take?", "session_id": "leaving-01"}
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=30) as client,
+            client.stream(
+                "POST",
+                "/api/v1/agents/shop/chat",
+                json=body,
                 headers={"X-Parley-Key": agent.widget_key},
-            ) as response:  # fmt: skip
-                async for line in response.aiter_lines():
-                    if line.startswith("event: token"):
-                        break  # the visitor closes the tab
+            ) as response,
+        ):
+            async for line in response.aiter_lines():
+                if line.startswith("event: token"):
+                    break  # the visitor closes the tab
         await asyncio.wait_for(server.disconnected.wait(), timeout=10)
         assert server.streams_completed == 0  # the LLM stream was cut, not read to the end
         for _ in range(100):
