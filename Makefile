@@ -14,10 +14,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## demo: install, migrate and run the gateway on the embedded defaults (Ctrl-C stops it)
+## demo: install, then serve the sample shop with the chat bubble on http://127.0.0.1:8080/
 demo: $(STAMP)
-	$(BIN)/parley migrate
-	$(BIN)/parley serve
+	$(BIN)/parley serve --demo
 
 ## test: install, lint, type-check core/ and channels/, run the whole test suite
 test: lint typecheck
