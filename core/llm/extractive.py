@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -155,6 +156,30 @@ def _not_answered(language: str | None, contact_route: str) -> ExtractiveAnswer:
     return ExtractiveAnswer(text, (), answered=False)
 
 
+_WORD = re.compile(r"\w{3,}")
+RARE_WORD_WEIGHT = 0.15
+
+
+def _words(text: str) -> set[str]:
+    return {w.casefold() for w in _WORD.findall(text)}
+
+
+def _rare_word_bonus(question: str, sentences: Sequence[Sentence]) -> NDArray[np.float32]:
+    """Up to RARE_WORD_WEIGHT for sharing the question's rarer words ("België" in one table
+    row among many about delivery): the encoder alone prefers a general introduction."""
+    asked = _words(question)
+    words = [_words(s.text) & asked for s in sentences]
+    frequency = {w: sum(w in found for found in words) for w in asked}
+    weight = {w: math.log((len(sentences) + 1) / (n + 1)) for w, n in frequency.items() if n}
+    total = sum(weight.values())
+    if total <= 0:
+        return np.zeros(len(sentences), dtype=np.float32)
+    return np.array(
+        [RARE_WORD_WEIGHT * sum(weight[w] for w in found) / total for found in words],
+        dtype=np.float32,
+    )
+
+
 def _questions_point_at_answers(
     sentences: Sequence[Sentence], scores: NDArray[np.float32]
 ) -> NDArray[np.float32]:
@@ -208,7 +233,8 @@ async def extractive_answer(
         return _not_answered(language, contact_route)
     vectors = await embedder.embed([question, *(s.text for s in sentences)])
     rows = vectors[1:]
-    scores = _questions_point_at_answers(sentences, rows @ vectors[0])
+    similarity = rows @ vectors[0] + _rare_word_bonus(question, sentences)
+    scores = _questions_point_at_answers(sentences, similarity)
     chosen = _choose(scores, rows, max_sentences, min_similarity)
     log.debug(
         "extractive.scored sentences=%d best=%.3f chosen=%d",
