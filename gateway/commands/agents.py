@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
+from core.errors import InvalidInput
 from core.retrieval.embedders import EmbedderIdentity
-from core.store import Agents
+from core.store import Agent, Agents
 from gateway.runtime import Runtime
 
 
@@ -22,6 +24,64 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     show = actions.add_parser("show", help="show one agent")
     show.add_argument("name", metavar="NAME")
+    update = actions.add_parser("update", help="change an agent's settings")
+    update.add_argument("name", metavar="NAME")
+    update.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="URL",
+        help="a website allowed to embed the widget (repeat; replaces the list)",
+    )
+    update.add_argument("--threshold", type=float, help="confidence threshold, 0-1")
+    update.add_argument("--contact", help="contact route given when an answer can't be verified")
+    update.add_argument("--persona", help="who the assistant is, in a sentence or two")
+    update.add_argument("--language", help="default reply language")
+    update.add_argument("--timezone", help="IANA time zone")
+    for scope in ("session", "ip"):
+        update.add_argument(
+            f"--rate-limit-{scope}",
+            metavar="RATE/BURST",
+            help=f"widget messages per second and burst per {scope}, e.g. 0.2/5",
+        )
+
+
+def _rate(value: str) -> list[float]:
+    rate, _, burst = value.partition("/")
+    try:
+        parsed = [float(rate), float(burst)]
+    except ValueError:
+        raise InvalidInput(
+            f"rate limit {value!r} must look like 0.2/5 (per second / burst)"
+        ) from None
+    if parsed[0] <= 0 or parsed[1] < 1:
+        raise InvalidInput(f"rate limit {value!r}: the rate must be > 0 and the burst >= 1")
+    return parsed
+
+
+def _changes(args: argparse.Namespace, agent: Agent) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    if args.allowed_origin is not None:
+        changes["allowed_origins"] = args.allowed_origin
+    if args.threshold is not None:
+        changes["confidence_threshold"] = args.threshold
+    for option, column in (
+        ("contact", "contact_route"),
+        ("persona", "persona"),
+        ("language", "default_language"),
+        ("timezone", "timezone"),
+    ):
+        if getattr(args, option) is not None:
+            changes[column] = getattr(args, option)
+    limits = dict(agent.settings.get("rate_limits") or {})
+    for scope in ("session", "ip"):
+        value = getattr(args, f"rate_limit_{scope}")
+        if value is not None:
+            limits[scope] = _rate(value)
+    if limits != (agent.settings.get("rate_limits") or {}):
+        changes["settings"] = {**agent.settings, "rate_limits": limits}
+    if not changes:
+        raise InvalidInput("nothing to change: give at least one option")
+    return changes
 
 
 def _table(rows: dict[str, object]) -> None:
@@ -57,6 +117,9 @@ async def run(args: argparse.Namespace, runtime: Runtime) -> None:
                 print(json.dumps(row))
             else:
                 print(f"{agent.slug}\t{agent.default_language}\t{agent.timezone}\t{agent.name}")
+    elif args.action == "update":
+        agent = await agents.update(args.name, **_changes(args, await agents.get(args.name)))
+        print(f"updated agent {agent.slug}")
     else:
         agent = await agents.get(args.name)
         _table(

@@ -199,3 +199,24 @@ def test_worker_runs_until_sigterm(tmp_path: Path, database_url: str) -> None:
     rest, _ = process.communicate(timeout=30)
     assert process.returncode == 0
     assert "worker.stopped" in rest
+
+
+def test_agent_update_changes_settings_and_refuses_nonsense(
+    tmp_path: Path, database_url: str
+) -> None:
+    env = {"PARLEY_DATABASE_URL": database_url}
+    assert run_parley("agent", "create", "shop", cwd=tmp_path, **env).returncode == 0
+    updated = run_parley(
+        "agent", "update", "shop", "--allowed-origin", "https://shop.example",
+        "--allowed-origin", "https://www.shop.example/", "--threshold", "0.3",
+        "--contact", "hello@shop.example", "--rate-limit-ip", "5/50", cwd=tmp_path, **env,
+    )  # fmt: skip
+    assert updated.returncode == 0, updated.stderr
+    shown = run_parley("agent", "show", "shop", cwd=tmp_path, **env).stdout
+    assert "https://shop.example, https://www.shop.example" in shown
+    bad_rate = run_parley("agent", "update", "shop", "--rate-limit-ip", "fast", cwd=tmp_path, **env)
+    assert "must look like 0.2/5" in _one_line_error(bad_rate)
+    bad_threshold = run_parley("agent", "update", "shop", "--threshold", "7", cwd=tmp_path, **env)
+    assert "invalid agent setting" in _one_line_error(bad_threshold)
+    nothing = run_parley("agent", "update", "shop", cwd=tmp_path, **env)
+    assert "nothing to change" in _one_line_error(nothing)
