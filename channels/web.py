@@ -28,6 +28,9 @@ WRITING_RULE = (
 # Token buckets: (tokens per second, burst); an agent may set its own in
 # settings["rate_limits"] = {"session": [rate, burst], "ip": [rate, burst]}.
 DEFAULT_LIMITS = {"session": (0.2, 5.0), "ip": (1.0, 30.0)}
+# Headers an error response must carry too: the gateway's error middleware adds what a
+# handler left here, so a browser on an allowed origin can read why a request failed.
+ERROR_HEADERS = web.RequestKey("error_headers", dict[str, str])
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache, no-transform",
@@ -119,6 +122,7 @@ class WebChannel:
         origin = request.headers.get("Origin")
         if origin is not None and not self._allowed(agent, origin, request):
             raise Forbidden("this website is not allowed to use this agent's widget")
+        request[ERROR_HEADERS] = self._cors(origin)
         key = request.headers.get("X-Parley-Key", "")
         if not hmac.compare_digest(key.encode(), agent.widget_key.encode()):
             raise Unauthorized("missing or wrong widget key (X-Parley-Key)")

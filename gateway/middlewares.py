@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from channels.web import ERROR_HEADERS
 from core import logcontext
 from core.errors import (
     Conflict,
@@ -105,7 +106,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         status = status_for(exc)
         level = logging.ERROR if status >= 500 else logging.INFO
         log.log(level, "request.failed status=%d code=%s path=%s", status, exc.code, request.path)
-        headers = {}
+        headers = dict(request.get(ERROR_HEADERS, {}))
         if isinstance(exc, RateLimited):
             headers["Retry-After"] = str(max(1, round(exc.retry_after)))
         return error_response(status, exc.code, exc.message, headers)
@@ -114,7 +115,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         passed: dict[str, Any] = {
             k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")
-        }
+        } | dict(request.get(ERROR_HEADERS, {}))
         code = _HTTP_CODES.get(exc.status, "http_error")
         return error_response(exc.status, code, exc.reason, passed)
     except Exception:

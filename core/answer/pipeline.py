@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,9 @@ class PipelineConfig:
     max_tokens: int = 700
     temperature: float = 0.2
     max_words: int = 150
+    # Canned and extractive answers exist at once; they are sent a few words at a time with
+    # this pause so the visitor sees them being written, like a model's.
+    pace_seconds: float = 0.03
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +302,7 @@ class AnswerPipeline:
         language: str,
     ) -> TurnOutcome:
         await out.emit(TurnEvent.status("answering"))
-        for piece in _word_chunks(text):
-            await out.emit(TurnEvent.token(piece))
+        await self._paced(text, out)
         await out.emit(TurnEvent("sources", {"sources": []}))
         saved = await self._conversations.save_turn(
             TurnRecord(
@@ -353,11 +356,16 @@ class AnswerPipeline:
             contact_route=agent.contact_route,
             min_similarity=EXTRACTIVE_MIN_SIMILARITY,
         )
-        for piece in _word_chunks(result.text):
+        await self._paced(result.text, out)
+        return _Generated(text=result.text, mode="extractive")
+
+    async def _paced(self, text: str, out: _Output) -> None:
+        for number, piece in enumerate(_word_chunks(text)):
+            if number and self._config.pace_seconds:
+                await asyncio.sleep(self._config.pace_seconds)
             await out.emit(TurnEvent.token(piece))
             if out.gone:
-                break
-        return _Generated(text=result.text, mode="extractive")
+                return
 
     async def _generate(
         self,

@@ -241,12 +241,6 @@ async def test_dutch_visitor_gets_an_extractive_answer_with_its_source(
     await page.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="gateway bug: AnswerPipeline._extractive writes all its token events in one "
-    "burst, with nothing between them, so the visitor sees the answer appear whole",
-)
 async def test_an_extractive_answer_grows_while_it_streams(
     browser: Browser, start_gateway: StartGateway
 ) -> None:

@@ -141,6 +141,12 @@ async def test_origins_and_cors_preflight(shop: Shop) -> None:
         session_id="session-0002",
     )
     assert own.status == 200
+    rejected = await chat(
+        shop.url, "shop", "Shipping?", key="pk_wrong", origin="https://shop.example"
+    )
+    assert rejected.status == 401
+    # The browser may read why: an allowed origin gets CORS headers on errors too.
+    assert rejected.headers["access-control-allow-origin"] == "https://shop.example"
     async with httpx.AsyncClient(base_url=shop.url) as client:
         ok = await client.options(
             "/api/v1/agents/shop/chat",
