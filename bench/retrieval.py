@@ -180,7 +180,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> None:
     await _load(pool, agent.id, corpus)
     load_s = time.perf_counter() - started
     async with pool.acquire() as conn:
-        await conn.execute("SET maintenance_work_mem = '2GB'")
+        await conn.execute("SET maintenance_work_mem = '8GB'")
         await conn.execute("SET max_parallel_maintenance_workers = 1")
         started = time.perf_counter()
         await bind_embedder(conn, agent.id, IDENTITY)
