@@ -158,6 +158,8 @@ def _not_answered(language: str | None, contact_route: str) -> ExtractiveAnswer:
 
 _WORD = re.compile(r"\w{3,}")
 RARE_WORD_WEIGHT = 0.15
+# Two questions asking the same thing score about 0.7 with the bundled encoder.
+FAQ_QUESTION_SIMILARITY = 0.55
 
 
 def _words(text: str) -> set[str]:
@@ -183,14 +185,20 @@ def _rare_word_bonus(question: str, sentences: Sequence[Sentence]) -> NDArray[np
 def _questions_point_at_answers(
     sentences: Sequence[Sentence], scores: NDArray[np.float32]
 ) -> NDArray[np.float32]:
-    """A question in a source (an FAQ entry) is never the answer: its match passes to the
-    sentence that follows it in the same source, which usually is."""
+    """A question in a source (an FAQ entry) is never the answer. When it is the visitor's
+    question in other words, its match passes to the sentence that follows it in the same
+    source, which usually is the answer; a question merely on the same topic passes nothing."""
     scores = scores.copy()
     for index, sentence in enumerate(sentences):
         if not sentence.text.rstrip().endswith("?"):
             continue
         following = index + 1
-        if following < len(sentences) and sentences[following].source == sentence.source:
+        same_question = scores[index] >= FAQ_QUESTION_SIMILARITY
+        if (
+            same_question
+            and following < len(sentences)
+            and sentences[following].source == sentence.source
+        ):
             scores[following] = max(scores[following], scores[index])
         scores[index] = -1.0
     return scores
