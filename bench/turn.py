@@ -95,9 +95,9 @@ async def _level(
         async def visitor(number: int) -> None:
             for turn in range(rounds):
                 question = QUESTIONS[(number + turn) % len(QUESTIONS)]
-                event, token = await _gateway_turn(
-                    gateway, key, f"bench-{streams}-{number:03d}-x", question
-                )
+                # A new visitor each turn: a follow-up would add the rewrite model's own latency.
+                session = f"bench-{streams}-{number:03d}-{turn:03d}"
+                event, token = await _gateway_turn(gateway, key, session, question)
                 results["event"].append(event)
                 results["token"].append(token)
                 results["baseline"].append(await _baseline_turn(direct))

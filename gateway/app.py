@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024
 # How long turns still streaming at shutdown get to finish and be saved.
 TURN_DRAIN_SECONDS = 10.0
+# Agents are looked up on every turn; a changed setting applies within this many seconds.
+AGENT_FRESH_SECONDS = 5.0
+# Connections for the gateway: a turn may hold two at once (vector and full-text search).
+POOL_SIZE = 20
 
 
 async def _embedder(app: web.Application) -> AsyncIterator[None]:
@@ -50,7 +54,7 @@ async def _embedder(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
-    database = await open_database(app[SETTINGS])
+    database = await open_database(app[SETTINGS], max_size=POOL_SIZE)
     try:
         async with database.pool.acquire() as conn:
             await check_embedders(conn, EmbedderIdentity.of(app[EMBEDDER]))
@@ -78,8 +82,8 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     pool = app[DATABASE].pool
     chat = open_chat_model(settings)
-    pipeline = build_pipeline(settings, pool, app[CACHE], app[EMBEDDER], app[HTTP], chat)
-    agents = Agents(pool)
+    agents = Agents(pool, fresh_for=AGENT_FRESH_SECONDS)
+    pipeline = build_pipeline(settings, pool, app[CACHE], app[EMBEDDER], app[HTTP], chat, agents)
     app[WEB_CHANNEL] = WebChannel(pipeline, agents, app[CACHE], settings.public_url)
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
     log.info("gateway.answering mode=%s", "llm" if chat else "extractive")

@@ -22,12 +22,13 @@ def build_pipeline(
     embedder: Embedder,
     session: aiohttp.ClientSession,
     chat: ChatModel | None,
+    agents: Agents | None = None,
 ) -> AnswerPipeline:
     config = PipelineConfig(
         rewrite_model=settings.rewrite_model, rewrite_timeout_ms=settings.rewrite_timeout_ms
     )
     return AnswerPipeline(
-        agents=Agents(pool),
+        agents=agents or Agents(pool),
         conversations=Conversations(pool),
         curated=CuratedAnswers(pool),
         retriever=build_retriever(settings, pool, embedder, cache, session),

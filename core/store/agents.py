@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -81,10 +82,16 @@ def new_widget_key() -> str:
 
 
 class Agents:
-    """Reads and writes agents; every method takes its own connection from the pool."""
+    """Reads and writes agents; every method takes its own connection from the pool.
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    With ``fresh_for`` seconds, `get` answers from memory for that long: every turn looks
+    its agent up, and settings changed elsewhere may take that long to apply.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, fresh_for: float = 0.0) -> None:
         self._pool = pool
+        self._fresh_for = fresh_for
+        self._recent: dict[str, tuple[float, Agent]] = {}
 
     async def create(
         self,
@@ -130,6 +137,7 @@ class Agents:
             changes["default_language"] = validate_language(changes["default_language"])
         if "allowed_origins" in changes:
             changes["allowed_origins"] = [o.rstrip("/") for o in changes["allowed_origins"]]
+        self._recent.pop(slug, None)
         if changes:
             assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(changes, start=2))
             try:
@@ -145,10 +153,17 @@ class Agents:
         return await self.get(slug)
 
     async def get(self, slug: str) -> Agent:
+        if self._fresh_for:
+            remembered = self._recent.get(slug)
+            if remembered is not None and remembered[0] > time.monotonic():
+                return remembered[1]
         row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM agents WHERE slug = $1", slug)
         if row is None:
             raise AgentNotFound(slug)
-        return Agent.from_row(row)
+        agent = Agent.from_row(row)
+        if self._fresh_for:
+            self._recent[slug] = (time.monotonic() + self._fresh_for, agent)
+        return agent
 
     async def list(self) -> list[Agent]:
         rows = await self._pool.fetch(f"SELECT {_COLUMNS} FROM agents ORDER BY slug")
