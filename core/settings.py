@@ -59,6 +59,8 @@ class Settings(BaseSettings):
 
     database_url: Annotated[SecretStr, AfterValidator(_database_url)] | None = None
     redis_url: Annotated[SecretStr, AfterValidator(_redis_url)] | None = None
+    # Every key Parley writes to Redis starts with this, so one server can be shared.
+    redis_prefix: str = Field("parley:", pattern=r"^[A-Za-z0-9:_.-]{1,64}$")
     data_dir: Path = Path(".parley")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)

@@ -110,6 +110,8 @@ def make_settings(database_url: str, redis_url: str, tmp_path: Path) -> MakeSett
         values: dict[str, Any] = {
             "database_url": database_url,
             "redis_url": redis_url,
+            # Tests share one Redis: keys of their own keep rate limits and caches apart.
+            "redis_prefix": f"test-{uuid.uuid4().hex[:12]}:",
             "data_dir": tmp_path / "data",
         }
         return Settings(_env_file=None, **{**values, **overrides})  # type: ignore[call-arg]

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -220,16 +220,20 @@ class AnswerPipeline:
         cited = processed.citations if not generated.leaked else ()
         # What the visitor sees as sources: those the answer cites (none when it cites none).
         shown = [] if generated.leaked else [s for s in sources if s.id in cited]
-        await out.emit(TurnEvent("sources", {"sources": [s.public() for s in shown]}))
         trace.data.update(
             {
                 "sources": [s.public() for s in sources],
                 "citations": list(cited),
                 "disconnected": out.gone,
                 "guard": "leak" if generated.leaked else "ok",
+                "model": generated.model,
+                "usage": generated.usage_dict(),
             }
         )
-        saved = await self._conversations.save_turn(
+        return await self._conclude(
+            request,
+            out,
+            trace,
             TurnRecord(
                 agent_id=agent.id,
                 channel=request.channel,
@@ -241,35 +245,50 @@ class AnswerPipeline:
                 confidence=confidence,
                 low_confidence=low_confidence,
                 mode=generated.mode,
-                trace=trace.export() | {"model": generated.model, "usage": generated.usage_dict()},
+                trace={},
                 language=language,
                 prompt_tokens=generated.usage.prompt_tokens if generated.usage else 0,
                 completion_tokens=generated.usage.completion_tokens if generated.usage else 0,
                 count_usage=request.channel != "playground",
                 gap_reason=gap_reason(answer, low_confidence),
-            )
+            ),
+            shown,
+            cited,
         )
+
+    async def _conclude(
+        self,
+        request: TurnRequest,
+        out: _Output,
+        trace: _Trace,
+        record: TurnRecord,
+        shown: Sequence[SourceRef],
+        cited: tuple[int, ...],
+    ) -> TurnOutcome:
+        """Sources, then the turn saved (after the stream, never during it), then done."""
+        await out.emit(TurnEvent("sources", {"sources": [s.public() for s in shown]}))
+        saved = await self._conversations.save_turn(replace(record, trace=trace.export()))
         await out.emit(
             TurnEvent(
                 "done",
                 {
                     "conversation_id": saved.conversation_id,
                     "turn_id": saved.turn_id,
-                    "confidence": confidence,
-                    "low_confidence": low_confidence,
+                    "confidence": record.confidence,
+                    "low_confidence": record.low_confidence,
                     "citations": list(cited),
-                    "answer": answer,
-                    "mode": generated.mode,
+                    "answer": record.answer,
+                    "mode": record.mode,
                 },
             )
         )
         return TurnOutcome(
-            answer=answer,
-            mode=generated.mode,
+            answer=record.answer,
+            mode=record.mode,
             sources=tuple(shown),
             citations=cited,
-            confidence=confidence,
-            low_confidence=low_confidence,
+            confidence=record.confidence,
+            low_confidence=record.low_confidence,
             conversation_id=saved.conversation_id,
             turn_id=saved.turn_id,
         )
@@ -303,8 +322,10 @@ class AnswerPipeline:
     ) -> TurnOutcome:
         await out.emit(TurnEvent.status("answering"))
         await self._paced(text, out)
-        await out.emit(TurnEvent("sources", {"sources": []}))
-        saved = await self._conversations.save_turn(
+        return await self._conclude(
+            request,
+            out,
+            trace,
             TurnRecord(
                 agent_id=agent.id,
                 channel=request.channel,
@@ -316,29 +337,13 @@ class AnswerPipeline:
                 confidence=1.0,
                 low_confidence=False,
                 mode="curated",
-                trace=trace.export(),
+                trace={},
                 language=language,
                 count_usage=request.channel != "playground",
-            )
+            ),
+            (),
+            (),
         )
-        await out.emit(
-            TurnEvent(
-                "done",
-                {
-                    "conversation_id": saved.conversation_id,
-                    "turn_id": saved.turn_id,
-                    "confidence": 1.0,
-                    "low_confidence": False,
-                    "citations": [],
-                    "answer": text,
-                    "mode": "curated",
-                },
-            )
-        )
-        return TurnOutcome(
-            answer=text, mode="curated", confidence=1.0,
-            conversation_id=saved.conversation_id, turn_id=saved.turn_id,
-        )  # fmt: skip
 
     async def _extractive(
         self,

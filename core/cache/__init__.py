@@ -12,7 +12,7 @@ async def open_cache(settings: Settings) -> Cache:
     """Connect to ``PARLEY_REDIS_URL`` (checked with a ping), else use the in-process cache."""
     if settings.redis_url is None:
         return LocalCache()
-    cache = RedisCache.from_url(settings.redis_url.get_secret_value())
+    cache = RedisCache.from_url(settings.redis_url.get_secret_value(), settings.redis_prefix)
     try:
         await cache.ping()
     except BaseException:
