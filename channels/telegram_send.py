@@ -1,0 +1,175 @@
+"""Sends Telegram replies with python-telegram-bot's `Bot`, split at 4096 characters a part."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import html
+import logging
+import warnings
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from telegram import Bot
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+    TimedOut,
+)
+from telegram.warnings import PTBDeprecationWarning
+
+from channels.delivery import DeliveryError, Sent, deliver_parts, keep_typing, split_message
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TELEGRAM_API = "https://api.telegram.org"
+MAX_TEXT_CHARS = 4096  # counted after entity parsing, so on the unescaped text
+TYPING_INTERVAL = 4.0  # a typing action shows for at most 5 s
+# Loggers whose records carry Bot API URLs, which contain the token.
+_LOGGERS_WITH_URLS = ("telegram.Bot", "httpx")
+# Errors no retry can fix, and the code each is reported with.
+_PERMANENT: dict[type[TelegramError], str] = {
+    Forbidden: "forbidden",  # blocked by the user, kicked from the group
+    InvalidToken: "invalid_token",
+    ChatMigrated: "chat_migrated",  # a group became a supergroup with a new id
+    BadRequest: "bad_request",  # chat not found, message empty, ...
+}
+
+
+class _RedactToken(logging.Filter):
+    """Hides the bot token, which is part of every Bot API URL, in httpx's request log."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self._token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._token in message:
+            record.msg = message.replace(self._token, "<token>")
+            record.args = None
+        return True
+
+
+class TelegramSender:
+    """Sends text to Telegram chats as one bot; `start` checks the token (getMe).
+
+    The token is in every Bot API URL, and PTB and httpx log those URLs; while a sender is
+    open a filter on their loggers replaces it with ``<token>``.
+    """
+
+    limit = MAX_TEXT_CHARS
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        api_base: str = TELEGRAM_API,
+        timeout: float = 15.0,
+        typing_interval: float = TYPING_INTERVAL,
+    ) -> None:
+        self._token = token
+        self._api_base = api_base.rstrip("/")
+        self._timeout = timeout
+        self._typing_interval = typing_interval
+        self._redact = _RedactToken(token)
+        self._bot: Bot | None = None
+
+    def __repr__(self) -> str:
+        return f"TelegramSender(api_base={self._api_base!r})"
+
+    async def start(self) -> Bot:
+        """Open the HTTP client and check the token (getMe); `send` does it when needed."""
+        if self._bot is None:
+            # Before the Bot exists: it logs its URL, token included, when it is built.
+            for name in _LOGGERS_WITH_URLS:
+                logging.getLogger(name).addFilter(self._redact)
+            self._bot = Bot(self._token, base_url=self._api_base + "/bot")
+        try:
+            await self._bot.initialize()
+        except TelegramError as exc:
+            raise self._classify(exc) from None
+        return self._bot
+
+    async def close(self) -> None:
+        bot, self._bot = self._bot, None
+        try:
+            if bot is not None:
+                await bot.shutdown()
+        finally:
+            for name in _LOGGERS_WITH_URLS:
+                logging.getLogger(name).removeFilter(self._redact)
+
+    async def send(self, recipient: str | int, text: str, *, skip: int = 0) -> list[Sent]:
+        """Send ``text`` to chat ``recipient`` in parts of ≤ 4096 characters, in order."""
+        bot = await self.start()
+        parts = split_message(text, self.limit)
+        return await deliver_parts(
+            parts, lambda part: self._send_part(bot, recipient, part), skip=skip
+        )
+
+    async def typing(self, chat_id: str | int) -> None:
+        """Show "typing..." in the chat for up to 5 seconds."""
+        bot = await self.start()
+        await self._checked(bot.send_chat_action(chat_id, ChatAction.TYPING))
+
+    async def keep_typing(self, chat_id: str | int, until: asyncio.Event) -> None:
+        """Show "typing..." until ``until`` is set (while an answer is being generated)."""
+        await keep_typing(lambda: self.typing(chat_id), until, interval=self._typing_interval)
+
+    async def _send_part(self, bot: Bot, chat_id: str | int, text: str) -> Sent:
+        escaped = html.escape(text, quote=False)
+        try:
+            message = await self._timed(
+                bot.send_message(chat_id, escaped, parse_mode=ParseMode.HTML)
+            )
+        except BadRequest as exc:
+            if "can't parse entities" not in exc.message.lower():
+                raise self._classify(exc) from None
+            # Escaped text should always parse; if Telegram still refuses it, plain text
+            # loses only the formatting, never the answer.
+            log.info("telegram.send.plain_fallback")
+            message = await self._checked(bot.send_message(chat_id, text))
+        except (TelegramError, TimeoutError) as exc:
+            raise self._classify(exc) from None
+        return Sent(str(message.message_id))
+
+    async def _timed(self, call: Awaitable[T]) -> T:
+        async with asyncio.timeout(self._timeout):
+            return await call
+
+    async def _checked(self, call: Awaitable[T]) -> T:
+        try:
+            return await self._timed(call)
+        except (TelegramError, TimeoutError) as exc:
+            raise self._classify(exc) from None
+
+    def _classify(self, exc: Exception) -> DeliveryError:
+        """Our error for PTB's; ``from None`` at the raise sites because PTB's own messages
+        may quote the token (InvalidToken does)."""
+        text = str(exc).replace(self._token, "<token>") or type(exc).__name__
+        if isinstance(exc, RetryAfter):
+            return DeliveryError(text, code="rate_limited", retry_after=_retry_after(exc))
+        if isinstance(exc, TimedOut | TimeoutError):
+            return DeliveryError(text, code="timeout")
+        for kind, code in _PERMANENT.items():
+            if isinstance(exc, kind):
+                return DeliveryError(text, code=code, permanent=True)
+        if isinstance(exc, NetworkError):
+            return DeliveryError(text, code="network")
+        return DeliveryError(text, code="telegram_error")
+
+
+def _retry_after(exc: RetryAfter) -> float:
+    # Reading the attribute warns in PTB 22 unless PTB_TIMEDELTA is set; both forms work.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = exc.retry_after
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)

@@ -1,0 +1,269 @@
+"""Sending Telegram replies with the real python-telegram-bot against a local Bot API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+from pytest_aiohttp import AiohttpServer
+
+from channels.delivery import DeliveryError, split_message
+from channels.telegram_send import MAX_TEXT_CHARS, TelegramSender
+from tests.fakes.telegram import BLOCKED, CANT_PARSE, FakeTelegram, flood
+
+CHAT = 4242
+
+
+def long_answer(chars: int = 10_000) -> str:
+    text, n = "", 0
+    while True:
+        n += 1
+        sentence = f"Point {n}: refunds <within 30 days> & exchanges > store credit, order #{n}."
+        if len(text) + len(sentence) + 2 > chars:
+            return text
+        text += sentence + ("\n\n" if n % 9 == 0 else " ")
+
+
+@pytest.fixture
+def fake() -> FakeTelegram:
+    return FakeTelegram()
+
+
+@pytest.fixture
+async def api_base(fake: FakeTelegram, aiohttp_server: AiohttpServer) -> str:
+    server = await aiohttp_server(fake.app())
+    return str(server.make_url("")).rstrip("/")
+
+
+@pytest.fixture
+async def sender(fake: FakeTelegram, api_base: str) -> AsyncIterator[TelegramSender]:
+    sender = TelegramSender(fake.token, api_base=api_base, timeout=5.0, typing_interval=0.05)
+    await sender.start()
+    yield sender
+    await sender.close()
+
+
+async def test_start_checks_the_token(sender: TelegramSender, fake: FakeTelegram) -> None:
+    assert [call["method"] for call in fake.calls] == ["getMe"]
+
+
+async def test_a_wrong_token_is_permanent_and_not_quoted(fake: FakeTelegram, api_base: str) -> None:
+    wrong = "987654321:AAWrongTokenWrongTokenWrongToken_00"
+    sender = TelegramSender(wrong, api_base=api_base)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.start()
+    finally:
+        await sender.close()
+    assert (info.value.code, info.value.permanent) == ("invalid_token", True)
+    assert wrong not in str(info.value)
+    assert info.value.__suppress_context__
+
+
+async def test_a_long_answer_arrives_as_ordered_parts(
+    sender: TelegramSender, fake: FakeTelegram
+) -> None:
+    text = long_answer()
+    assert len(text) > 9_900
+
+    sent = await sender.send(str(CHAT), text)
+
+    assert fake.texts == split_message(text, MAX_TEXT_CHARS)
+    assert len(fake.texts) >= 3
+    assert all(len(t) <= MAX_TEXT_CHARS for t in fake.texts)
+    assert "".join("".join(fake.texts).split()) == "".join(text.split())
+    assert [s.provider_message_id for s in sent] == [str(m["message_id"]) for m in fake.messages]
+    assert {m["chat_id"] for m in fake.messages} == {CHAT}
+    assert {m["parse_mode"] for m in fake.messages} == {"HTML"}
+
+
+async def test_text_is_html_escaped(sender: TelegramSender, fake: FakeTelegram) -> None:
+    text = "Use <b>bold</b> & 5 > 3, not &amp; or <script>"
+
+    await sender.send(str(CHAT), text)
+
+    [message] = fake.messages
+    assert message["parse_mode"] == "HTML"
+    assert message["sent"] == (
+        "Use &lt;b&gt;bold&lt;/b&gt; &amp; 5 &gt; 3, not &amp;amp; or &lt;script&gt;"
+    )
+    assert message["text"] == text  # what the user sees
+
+
+async def test_cant_parse_entities_falls_back_to_plain_text(
+    sender: TelegramSender, fake: FakeTelegram, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="channels.telegram_send")
+    fake.fail_next = [CANT_PARSE]
+
+    sent = await sender.send(str(CHAT), "Tom & Jerry <3")
+
+    assert len(sent) == 1
+    sends = [c["params"] for c in fake.calls if c["method"] == "sendMessage"]
+    assert [p.get("parse_mode") for p in sends] == ["HTML", None]
+    assert sends[1]["text"] == "Tom & Jerry <3"
+    assert fake.messages[0]["text"] == "Tom & Jerry <3"
+    assert "telegram.send.plain_fallback" in caplog.messages
+
+
+async def test_only_the_failing_part_falls_back(sender: TelegramSender, fake: FakeTelegram) -> None:
+    text = long_answer(9_000)
+    fake.succeed_first = 1
+    fake.fail_next = [CANT_PARSE]
+
+    await sender.send(str(CHAT), text)
+
+    assert fake.texts == split_message(text, MAX_TEXT_CHARS)
+    assert [m["parse_mode"] for m in fake.messages] == ["HTML", None, "HTML"]
+
+
+async def test_a_blocked_bot_is_permanent(sender: TelegramSender, fake: FakeTelegram) -> None:
+    fake.blocked = {CHAT}
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(str(CHAT), "hello")
+
+    assert (info.value.code, info.value.permanent) == ("forbidden", True)
+    assert "blocked by the user" in str(info.value)
+    assert (info.value.part, info.value.sent) == (1, [])
+
+
+async def test_other_bad_requests_are_permanent(sender: TelegramSender, fake: FakeTelegram) -> None:
+    fake.fail_next = [(400, "Bad Request: chat not found")]
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(str(CHAT), "hello")
+
+    assert (info.value.code, info.value.permanent) == ("bad_request", True)
+    assert "chat not found" in str(info.value).lower()
+
+
+@pytest.mark.parametrize(
+    "timedelta_mode",
+    [
+        pytest.param(
+            False,
+            marks=pytest.mark.filterwarnings("ignore:.*attribute `retry_after`"),
+            id="ptb-default",
+        ),
+        pytest.param(True, id="PTB_TIMEDELTA"),
+    ],
+)
+async def test_flood_control_is_transient_with_retry_after(
+    sender: TelegramSender,
+    fake: FakeTelegram,
+    monkeypatch: pytest.MonkeyPatch,
+    timedelta_mode: bool,
+) -> None:
+    if timedelta_mode:
+        monkeypatch.setenv("PTB_TIMEDELTA", "true")
+    else:
+        monkeypatch.delenv("PTB_TIMEDELTA", raising=False)
+    fake.fail_next = [flood(5)]
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(str(CHAT), "hello")
+
+    assert info.value.permanent is False
+    assert info.value.retry_after == 5.0
+    assert info.value.code == "rate_limited"
+
+
+async def test_server_errors_are_transient(sender: TelegramSender, fake: FakeTelegram) -> None:
+    fake.fail_next = [(502, "Bad Gateway")]
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(str(CHAT), "hello")
+
+    assert (info.value.code, info.value.permanent, info.value.retry_after) == (
+        "network",
+        False,
+        None,
+    )
+    assert len(await sender.send(str(CHAT), "hello")) == 1
+
+
+async def test_a_failure_on_part_three_reports_parts_one_and_two(
+    sender: TelegramSender, fake: FakeTelegram
+) -> None:
+    text = long_answer(15_000)
+    parts = split_message(text, MAX_TEXT_CHARS)
+    assert len(parts) >= 4
+    fake.succeed_first = 2
+    fake.fail_next = [(502, "Bad Gateway")]
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(str(CHAT), text)
+
+    error = info.value
+    assert (error.part, error.parts) == (3, len(parts))
+    assert [s.provider_message_id for s in error.sent] == ["1", "2"]
+    assert fake.texts == parts[:2]
+
+    await sender.send(str(CHAT), text, skip=len(error.sent))
+    assert fake.texts == parts
+
+
+async def test_typing_sends_the_typing_action(sender: TelegramSender, fake: FakeTelegram) -> None:
+    await sender.typing(CHAT)
+    [call] = [c for c in fake.calls if c["method"] == "sendChatAction"]
+    assert call["params"]["action"] == "typing"
+    assert int(call["params"]["chat_id"]) == CHAT
+
+
+async def test_typing_repeats_until_stopped(sender: TelegramSender, fake: FakeTelegram) -> None:
+    stop = asyncio.Event()
+    typing = asyncio.create_task(sender.keep_typing(CHAT, stop))
+
+    await asyncio.wait_for(fake.wait_for("sendChatAction", 3), 5)
+    stop.set()
+    await asyncio.wait_for(typing, 1)  # returns at once, not after the next beat
+
+    beats = fake.count("sendChatAction")
+    await asyncio.sleep(0.15)  # three intervals: a leftover loop would have beaten again
+    assert fake.count("sendChatAction") == beats
+
+
+async def test_typing_survives_a_transient_failure(
+    sender: TelegramSender, fake: FakeTelegram
+) -> None:
+    fake.action_fail_next = [(502, "Bad Gateway")]
+    stop = asyncio.Event()
+    typing = asyncio.create_task(sender.keep_typing(CHAT, stop))
+
+    await asyncio.wait_for(fake.wait_for("sendChatAction", 3), 5)
+    stop.set()
+    await asyncio.wait_for(typing, 1)
+
+
+async def test_typing_stops_by_itself_when_the_bot_is_blocked(
+    sender: TelegramSender, fake: FakeTelegram
+) -> None:
+    fake.blocked = {CHAT}
+    await asyncio.wait_for(sender.keep_typing(CHAT, asyncio.Event()), 2)
+    assert fake.count("sendChatAction") == 1
+
+
+async def test_the_token_is_never_logged(
+    fake: FakeTelegram, api_base: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    sender = TelegramSender(fake.token, api_base=api_base)
+    try:
+        await sender.start()
+        await sender.send(str(CHAT), long_answer(5_000))
+        fake.fail_next = [BLOCKED]
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(str(CHAT), "hello")
+    finally:
+        await sender.close()
+
+    # The fake's own access log stands in for Telegram's servers, which do see the token.
+    ours = [r.getMessage() for r in caplog.records if r.name != "aiohttp.access"]
+    assert any(r.name == "httpx" for r in caplog.records), "httpx logs each request at INFO"
+    assert any("<token>" in message for message in ours)
+    assert not [message for message in ours if fake.token in message]
+    assert fake.token not in str(info.value)
+    assert fake.token not in repr(sender)

@@ -1,0 +1,210 @@
+"""Sending WhatsApp replies with the real twilio client against a local Messages API."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from pytest_aiohttp import AiohttpServer
+
+from channels.delivery import DeliveryError, split_message
+from channels.twilio_send import MAX_BODY_CHARS, TwilioSender
+from tests.fakes.twilio import FakeTwilio
+
+TO = "whatsapp:+15551234567"
+FROM = "whatsapp:+14155238886"
+
+
+def long_answer(chars: int = 10_000) -> str:
+    text, n = "", 0
+    while True:
+        n += 1
+        sentence = f"Step {n}: pack the item with its tags & receipt, then print the label."
+        if len(text) + len(sentence) + 2 > chars:
+            return text
+        text += sentence + ("\n\n" if n % 6 == 0 else " ")
+
+
+@pytest.fixture
+def fake() -> FakeTwilio:
+    return FakeTwilio()
+
+
+@pytest.fixture
+async def api_base(fake: FakeTwilio, aiohttp_server: AiohttpServer) -> str:
+    server = await aiohttp_server(fake.app())
+    return str(server.make_url("")).rstrip("/")
+
+
+@pytest.fixture
+async def sender(fake: FakeTwilio, api_base: str) -> AsyncIterator[TwilioSender]:
+    sender = TwilioSender(
+        fake.account_sid,
+        fake.auth_token,
+        FROM,
+        api_base=api_base,
+        status_callback="https://parley.example/webhooks/twilio/status",
+        timeout=2.0,
+    )
+    yield sender
+    await sender.close()
+
+
+async def test_a_long_answer_arrives_as_ordered_parts(
+    sender: TwilioSender, fake: FakeTwilio
+) -> None:
+    text = long_answer()
+    assert len(text) > 9_900
+
+    sent = await sender.send(TO, text)
+
+    assert fake.bodies == split_message(text, MAX_BODY_CHARS)
+    assert len(fake.bodies) >= 7
+    assert all(len(body) <= MAX_BODY_CHARS for body in fake.bodies)
+    assert "".join("".join(fake.bodies).split()) == "".join(text.split())
+    assert [s.provider_message_id for s in sent] == [m["sid"] for m in fake.messages]
+    assert all(s.provider_message_id.startswith("SM") for s in sent)
+    assert {(m["to"], m["from"]) for m in fake.messages} == {(TO, FROM)}
+    assert {m["status_callback"] for m in fake.messages} == {
+        "https://parley.example/webhooks/twilio/status"
+    }
+
+
+async def test_a_short_answer_is_one_message(sender: TwilioSender, fake: FakeTwilio) -> None:
+    sent = await sender.send(TO, "  Your order ships tomorrow.  ")
+    assert len(sent) == 1
+    assert fake.bodies == ["Your order ships tomorrow."]
+
+
+async def test_no_status_callback_is_sent_when_none_is_set(fake: FakeTwilio, api_base: str) -> None:
+    sender = TwilioSender(fake.account_sid, fake.auth_token, FROM, api_base=api_base)
+    try:
+        await sender.send(TO, "hi")
+    finally:
+        await sender.close()
+    assert "StatusCallback" not in fake.requests[0]["form"]
+
+
+@pytest.mark.parametrize("code", [21617, 63016, 21211, 21614, 21610])
+async def test_known_codes_are_permanent(sender: TwilioSender, fake: FakeTwilio, code: int) -> None:
+    fake.fail_next = [(400, code)]
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(TO, "hello")
+
+    error = info.value
+    assert error.code == str(code)
+    assert error.permanent
+    assert error.retry_after is None
+    assert (error.part, error.parts, error.sent) == (1, 1, [])
+    assert fake.requests[-1]["code"] == code
+    assert fake.messages == []
+
+
+async def test_wrong_credentials_are_permanent(fake: FakeTwilio, api_base: str) -> None:
+    sender = TwilioSender(fake.account_sid, "not-the-token", FROM, api_base=api_base)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(TO, "hello")
+    finally:
+        await sender.close()
+    assert (info.value.code, info.value.permanent) == ("20003", True)
+
+
+@pytest.mark.parametrize(
+    ("failure", "retry_after"),
+    [
+        ((429, None, "7"), 7.0),
+        ((429, None), None),
+        ((500, None), None),
+        ((503, None, "2.5"), 2.5),
+    ],
+)
+async def test_rate_limits_and_server_errors_are_transient(
+    sender: TwilioSender,
+    fake: FakeTwilio,
+    failure: tuple[int, None] | tuple[int, None, str],
+    retry_after: float | None,
+) -> None:
+    fake.fail_next = [failure]
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(TO, "hello")
+
+    assert not info.value.permanent
+    assert info.value.retry_after == retry_after
+    assert info.value.code == {429: "20429", 500: "20500", 503: "20500"}[failure[0]]
+    # the next attempt goes through
+    assert len(await sender.send(TO, "hello")) == 1
+
+
+async def test_a_failure_on_part_three_reports_parts_one_and_two(
+    sender: TwilioSender, fake: FakeTwilio
+) -> None:
+    text = long_answer(6_000)
+    parts = split_message(text, MAX_BODY_CHARS)
+    assert len(parts) >= 4
+    fake.succeed_first = 2
+    fake.fail_next = [(500, None)]
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(TO, text)
+
+    error = info.value
+    assert (error.part, error.parts) == (3, len(parts))
+    assert "part 3 of" in str(error)
+    assert [s.provider_message_id for s in error.sent] == [m["sid"] for m in fake.messages]
+    assert fake.bodies == parts[:2]
+
+    # a retry resumes after the parts already delivered: nothing is sent twice
+    rest = await sender.send(TO, text, skip=len(error.sent))
+    assert len(rest) == len(parts) - 2
+    assert fake.bodies == parts
+
+
+async def test_a_hanging_api_times_out_as_transient(fake: FakeTwilio, api_base: str) -> None:
+    fake.hang = True
+    sender = TwilioSender(fake.account_sid, fake.auth_token, FROM, api_base=api_base, timeout=0.3)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(TO, "hello")
+    finally:
+        await sender.close()
+    assert (info.value.code, info.value.permanent) == ("timeout", False)
+
+
+async def test_an_unreachable_api_is_transient(fake: FakeTwilio) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sender = TwilioSender(
+        fake.account_sid, fake.auth_token, FROM, api_base=f"http://127.0.0.1:{port}"
+    )
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(TO, "hello")
+    finally:
+        await sender.close()
+    assert (info.value.code, info.value.permanent) == ("connection", False)
+
+
+async def test_the_auth_token_is_never_logged(
+    sender: TwilioSender, fake: FakeTwilio, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    basic = base64.b64encode(f"{fake.account_sid}:{fake.auth_token}".encode()).decode()
+
+    await sender.send(TO, long_answer(3_000))
+    fake.fail_next = [(400, 21617)]
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(TO, "hello")
+
+    assert caplog.records, "the twilio client logs its requests at INFO"
+    for secret in (fake.auth_token, basic):
+        assert secret not in caplog.text
+        assert secret not in str(info.value)
+        assert secret not in repr(info.value)
+        assert secret not in repr(sender)
