@@ -437,8 +437,8 @@ class AnswerPipeline:
                 released = len(answer)
                 if out.gone:
                     break  # the visitor left: stop paying for tokens nobody reads
-        except Unavailable as exc:
-            log.warning("turn.llm.failed reason=%s", exc.message)
+        except Unavailable:
+            # The chat model has logged why; the visitor gets llm_failed and may retry.
             return _Generated.failed("the answer could not be generated", self._chat.model)
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
