@@ -9,6 +9,8 @@ import aiohttp
 from aiohttp import web
 
 from channels.api import ApiChannel
+from channels.telegram import TelegramChannel
+from channels.twilio import TwilioChannel
 from channels.web import WebChannel
 from core.answer.factory import build_pipeline
 from core.cache import open_cache
@@ -17,6 +19,7 @@ from core.retrieval.embedders import EmbedderIdentity, close_embedder, open_embe
 from core.settings import Settings
 from core.store import Agents, open_database
 from core.store.api_keys import ApiKeys
+from core.store.inbox import Inbox
 from core.store.vector_index import check_embedders
 from gateway import health, routes
 from gateway.demo import DemoSite, demo_routes, widget_routes
@@ -28,6 +31,8 @@ from gateway.keys import (
     HTTP,
     METRICS,
     SETTINGS,
+    TELEGRAM_CHANNEL,
+    TWILIO_CHANNEL,
     WEB_CHANNEL,
 )
 from gateway.metrics import HttpMetrics
@@ -86,6 +91,9 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     pipeline = build_pipeline(settings, pool, app[CACHE], app[EMBEDDER], app[HTTP], chat, agents)
     app[WEB_CHANNEL] = WebChannel(pipeline, agents, app[CACHE], settings.public_url)
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
+    inbox = Inbox(pool)
+    app[TWILIO_CHANNEL] = TwilioChannel(agents, inbox, settings)
+    app[TELEGRAM_CHANNEL] = TelegramChannel(agents, inbox, settings)
     log.info("gateway.answering mode=%s", "llm" if chat else "extractive")
     yield
     await app[WEB_CHANNEL].drain(within=TURN_DRAIN_SECONDS)

@@ -6,6 +6,8 @@ import aiohttp
 from aiohttp import web
 
 from channels.api import ApiChannel
+from channels.telegram import TelegramChannel
+from channels.twilio import TwilioChannel
 from channels.web import WebChannel
 from core.ports import Cache, Embedder
 from core.settings import Settings
@@ -20,3 +22,5 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 METRICS = web.AppKey("metrics", HttpMetrics)
 WEB_CHANNEL = web.AppKey("web_channel", WebChannel)
 API_CHANNEL = web.AppKey("api_channel", ApiChannel)
+TWILIO_CHANNEL = web.AppKey("twilio_channel", TwilioChannel)
+TELEGRAM_CHANNEL = web.AppKey("telegram_channel", TelegramChannel)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.keys import API_CHANNEL, WEB_CHANNEL
+from gateway.keys import API_CHANNEL, TELEGRAM_CHANNEL, TWILIO_CHANNEL, WEB_CHANNEL
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -19,9 +19,19 @@ async def _turn(request: web.Request) -> web.Response:
     return await request.app[API_CHANNEL].turn(request)
 
 
+async def _twilio(request: web.Request) -> web.Response:
+    return await request.app[TWILIO_CHANNEL].webhook(request)
+
+
+async def _telegram(request: web.Request) -> web.Response:
+    return await request.app[TELEGRAM_CHANNEL].webhook(request)
+
+
 def channel_routes() -> list[web.RouteDef]:
     return [
         web.post("/api/v1/agents/{agent}/chat", _chat),
         web.options("/api/v1/agents/{agent}/chat", _chat_preflight),
         web.post("/api/v1/agents/{agent}/turns", _turn),
+        web.post("/webhooks/twilio/{agent}", _twilio),
+        web.post("/webhooks/telegram/{agent}", _telegram),
     ]
