@@ -58,8 +58,8 @@ class _WidgetFile:
 
 def _not_modified(request: web.Request, etag: str) -> bool:
     # If-None-Match uses the weak comparison (RFC 9110 13.1.2), so W/"x" matches "x".
-    given = request.if_none_match
-    return bool(given) and any(tag.value in ("*", etag) for tag in given)
+    given = request.if_none_match or ()
+    return any(tag.value in ("*", etag) for tag in given)
 
 
 async def _serve_widget(request: web.Request, widget: _WidgetFile) -> web.Response:

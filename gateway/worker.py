@@ -9,17 +9,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from core.settings import Settings
+from gateway.durable import run_inbox_worker, run_outbox_sender
 from gateway.runtime import Runtime, open_runtime
 
 log = logging.getLogger(__name__)
 
-Service = Callable[[Runtime], Awaitable[None]]
+Service = Callable[[Runtime], Coroutine[Any, Any, None]]
 
 # Filled as the durable channels and the scheduler land; each runs until cancelled.
-SERVICES: dict[str, Service] = {}
+SERVICES: dict[str, Service] = {
+    "inbox": run_inbox_worker,
+    "outbox": run_outbox_sender,
+}
 
 
 async def run_worker(settings: Settings) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 from core.errors import InvalidInput
 from core.knowledge.ingest import Ingestor
@@ -39,7 +39,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     rebuild.add_argument("--agent", required=True, metavar="A")
 
 
-def _bar(total: int | None, unit: str) -> tqdm:  # type: ignore[type-arg]
+def _bar(total: int | None, unit: str) -> tqdm:
     return tqdm(
         total=total, unit=unit, file=sys.stderr, disable=not sys.stderr.isatty(), leave=False
     )

@@ -1,0 +1,1 @@
+"""Background jobs: the durable processing of messaging channels."""

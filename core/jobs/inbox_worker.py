@@ -1,0 +1,401 @@
+"""Answers the inbox: claims one chat's waiting messages, answers them as one turn, queues it.
+
+Durable channels (WhatsApp, Telegram) store each delivery before acknowledging it; this worker
+turns them into replies. Per conversation it waits until the visitor has been quiet for
+``burst_window`` seconds, so "hi" / "I ordered shoes" / "where are they?" is answered once.
+A claim is a lease: a worker that dies mid-turn leaves its rows 'processing' until the lease
+ends, then another worker takes them. The reply parts and the rows' 'done' are written in one
+transaction, and a worker whose lease was taken over writes nothing, so each burst gets
+exactly one reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from core.answer.pipeline import AnswerPipeline
+from core.store.conversations import Conversations, TurnRecord
+from core.store.inbox import InboxRow
+from core.store.outbox import enqueue
+from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
+
+log = logging.getLogger(__name__)
+
+Splitter = Callable[[str], Sequence[str]]
+
+WRITING_RULES: Mapping[str, str] = {
+    "whatsapp": (
+        "You are writing a WhatsApp message: plain text, *bold* allowed, no tables, "
+        "no headings, short paragraphs."
+    ),
+    "telegram": (
+        "You are writing a Telegram message: plain sentences and short paragraphs, "
+        "no Markdown tables."
+    ),
+}
+TEXT_ONLY_REPLIES: Mapping[str, str] = {
+    "en": "Sorry, I can only read text for now. Could you type your question?",
+    "nl": "Sorry, ik kan voorlopig alleen tekst lezen. Kun je je vraag typen?",
+    "de": "Entschuldigung, ich kann vorerst nur Text lesen. Kannst du deine Frage eintippen?",
+    "fr": "Désolé, je ne peux lire que du texte pour le moment. Pouvez-vous écrire votre "
+    "question ?",
+    "es": "Lo siento, por ahora solo puedo leer texto. ¿Puedes escribir tu pregunta?",
+}
+DEFAULT_WELCOME = "Hi! Ask me anything and I will do my best to help."
+MEDIA_QUESTION = "[media]"  # what the conversation shows for a message without text
+
+_CLAIMABLE = "(status = 'pending' OR (status = 'processing' AND lease_until < now()))"
+_ROW_COLUMNS = ", ".join(InboxRow.__dataclass_fields__)
+
+
+class _LeaseLost(Exception):
+    """Another worker took the rows over after this worker's lease ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    rows: tuple[InboxRow, ...]
+    lease_until: datetime  # the fencing token: whoever holds the rows' lease_until owns them
+
+    @property
+    def ids(self) -> list[int]:
+        return [row.id for row in self.rows]
+
+    @property
+    def first(self) -> InboxRow:
+        return self.rows[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    text: str
+    conversation_id: int | None
+    turn_id: int | None
+
+
+class InboxWorker:
+    """Answers waiting inbox rows, one conversation at a time, conversations in parallel.
+
+    ``splitters`` split a reply into parts for a channel (core imports no channel, so the
+    gateway passes e.g. ``split_message`` at 1600 characters for WhatsApp); without one the
+    reply is a single part.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        pipeline: AnswerPipeline,
+        *,
+        burst_window: float = 2.0,
+        lease: float = 60.0,
+        concurrency: int = 8,
+        poll_interval: float = 0.5,
+        max_attempts: int = 3,
+        max_rows: int = 20,
+        splitters: Mapping[str, Splitter] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._pipeline = pipeline
+        self._conversations = Conversations(pool)
+        self._burst = burst_window
+        self._lease = lease
+        self._concurrency = concurrency
+        self._poll = poll_interval
+        self._max_attempts = max_attempts
+        self._max_rows = max_rows
+        self._splitters = splitters or {}
+
+    async def run(self) -> None:
+        """Claim and answer until cancelled; a cancelled turn's rows wait for their lease."""
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                while len(tasks) < self._concurrency:
+                    claim = await self._claim()
+                    if claim is None:
+                        break
+                    task = asyncio.create_task(self._answer(claim))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                await asyncio.sleep(self._poll)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def process_next(self) -> bool:
+        """Claim one conversation and answer it now; False when none is ready."""
+        claim = await self._claim()
+        if claim is None:
+            return False
+        await self._answer(claim)
+        return True
+
+    # -- claiming -------------------------------------------------------------------------
+
+    async def _claim(self) -> _Claim | None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Conversations whose newest waiting message is older than the burst window.
+            candidates = await conn.fetch(
+                f"""SELECT agent_id, channel, conversation_key FROM inbox
+                     WHERE {_CLAIMABLE}
+                     GROUP BY agent_id, channel, conversation_key
+                    HAVING max(received_at) <= now() - make_interval(secs => $1)
+                     ORDER BY min(received_at)
+                     LIMIT 10""",
+                self._burst,
+            )
+            for candidate in candidates:
+                claim = await self._claim_conversation(conn, *candidate.values())
+                if claim is not None:
+                    return claim
+        return None
+
+    async def _claim_conversation(
+        self, conn: PoolConnectionProxy[Any], agent_id: int, channel: str, key: str
+    ) -> _Claim | None:
+        # Row locks alone cannot keep two workers off one conversation (each could lock a
+        # different message of it); a per-conversation lock, held to commit, can.
+        locked = await conn.fetchval(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
+            f"inbox:{agent_id}:{channel}:{key}",
+        )
+        if not locked:
+            return None
+        busy = await conn.fetchval(
+            """SELECT EXISTS (SELECT 1 FROM inbox
+                WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
+                  AND status = 'processing' AND lease_until >= now())""",
+            agent_id,
+            channel,
+            key,
+        )
+        if busy:
+            return None
+        rows = await conn.fetch(
+            f"""SELECT {_ROW_COLUMNS} FROM inbox
+                 WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3 AND {_CLAIMABLE}
+                 ORDER BY received_at, id
+                 LIMIT $4
+                 FOR UPDATE SKIP LOCKED""",
+            agent_id,
+            channel,
+            key,
+            self._max_rows,
+        )
+        if not rows:
+            return None
+        ids = [r["id"] for r in rows]
+        lease_until: datetime = await conn.fetchval(
+            """UPDATE inbox SET status = 'processing',
+                                lease_until = now() + make_interval(secs => $2)
+                WHERE id = ANY($1::bigint[])
+            RETURNING lease_until""",
+            ids,
+            self._lease,
+        )
+        return _Claim(tuple(InboxRow(**dict(r)) for r in rows), lease_until)
+
+    # -- answering ------------------------------------------------------------------------
+
+    async def _answer(self, claim: _Claim) -> None:
+        first = claim.first
+        holder: list[_Claim] = [claim]
+        stop = asyncio.Event()
+        heartbeat = asyncio.create_task(self._keep_lease(holder, stop))
+        try:
+            reply = await self._reply(claim)
+        except asyncio.CancelledError:
+            # The rows stay 'processing'; once the lease runs out another worker takes them.
+            heartbeat.cancel()
+            raise
+        except Exception as exc:
+            log.warning(
+                "inbox.turn.failed channel=%s inbox_id=%d error=%r", first.channel, first.id, exc
+            )
+            stop.set()
+            await heartbeat
+            await self._release(holder[0], str(exc) or repr(exc))
+            return
+        stop.set()
+        await heartbeat  # not cancelled: a renewal in flight must land in `holder`
+        try:
+            await self._finish(holder[0], reply)
+        except _LeaseLost:
+            log.warning("inbox.claim.lost channel=%s inbox_id=%d", first.channel, first.id)
+            return
+        log.info(
+            "inbox.turn.answered channel=%s inbox_id=%d messages=%d",
+            first.channel,
+            first.id,
+            len(claim.rows),
+        )
+
+    async def _keep_lease(self, holder: list[_Claim], stop: asyncio.Event) -> None:
+        """Extends the lease while a long turn runs, so no other worker takes the rows."""
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), self._lease / 3)
+                return
+            except TimeoutError:
+                pass
+            claim = holder[0]
+            renewed: datetime | None = await self._pool.fetchval(
+                """UPDATE inbox SET lease_until = now() + make_interval(secs => $3)
+                    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
+                RETURNING lease_until""",
+                claim.ids,
+                claim.lease_until,
+                self._lease,
+            )
+            if renewed is None:
+                return
+            holder[0] = _Claim(claim.rows, renewed)
+
+    async def _reply(self, claim: _Claim) -> _Reply:
+        first = claim.first
+        agent = await self._pool.fetchrow(
+            "SELECT slug, settings, default_language FROM agents WHERE id = $1", first.agent_id
+        )
+        if agent is None:
+            raise LookupError(f"agent {first.agent_id} is gone")
+        texts = [text for row in claim.rows if (text := _text(row))]
+        questions = [t for t in texts if not (first.channel == "telegram" and _is_start(t))]
+        if not questions:
+            if texts:  # only /start
+                settings = agent["settings"] or {}
+                welcome = str(settings.get("welcome_text") or DEFAULT_WELCOME)
+                return await self._canned(claim, texts[-1], welcome, None)
+            language = await self._language(claim, agent["default_language"])
+            answer = TEXT_ONLY_REPLIES.get(language, TEXT_ONLY_REPLIES["en"])
+            return await self._canned(claim, MEDIA_QUESTION, answer, language)
+        question = "\n".join(questions)[-MAX_MESSAGE_CHARS:]
+        request = TurnRequest(
+            agent=agent["slug"],
+            channel=first.channel,  # type: ignore[arg-type]  # only durable channels get here
+            conversation_key=first.conversation_key,
+            text=question,
+            provider_message_id=claim.rows[-1].provider_message_id,
+            language=None,
+            writing_rule=WRITING_RULES.get(first.channel),
+        )
+        outcome = await self._pipeline.run(request, CollectingTurnOutput())
+        if outcome.error is not None:
+            raise RuntimeError(outcome.error)
+        return _Reply(outcome.answer, outcome.conversation_id, outcome.turn_id)
+
+    async def _canned(
+        self, claim: _Claim, question: str, answer: str, language: str | None
+    ) -> _Reply:
+        first = claim.first
+        saved = await self._conversations.save_turn(
+            TurnRecord(
+                agent_id=first.agent_id,
+                channel=first.channel,
+                conversation_key=first.conversation_key,
+                question=question,
+                answer=answer,
+                save_question=True,
+                rewritten_query=None,
+                confidence=None,
+                low_confidence=False,
+                mode="canned",
+                trace={"canned": "welcome" if question != MEDIA_QUESTION else "text_only"},
+                language=language,
+                count_usage=False,
+            )
+        )
+        return _Reply(answer, saved.conversation_id, saved.turn_id)
+
+    async def _language(self, claim: _Claim, default: str) -> str:
+        """The visitor's language: Telegram's setting, else the conversation's, else the agent's."""
+        message = claim.rows[-1].payload.get("message")
+        if isinstance(message, Mapping):
+            sender = message.get("from")
+            if isinstance(sender, Mapping) and sender.get("language_code"):
+                return _base_language(str(sender["language_code"]))
+        known = await self._pool.fetchval(
+            """SELECT language FROM conversations
+                WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3""",
+            claim.first.agent_id,
+            claim.first.channel,
+            claim.first.conversation_key,
+        )
+        return _base_language(str(known or default))
+
+    async def _finish(self, claim: _Claim, reply: _Reply) -> None:
+        """The reply's parts into the outbox and the rows done, together or not at all."""
+        first = claim.first
+        split = self._splitters.get(first.channel)
+        parts = [p for p in (split(reply.text) if split else [reply.text]) if p.strip()]
+        async with self._pool.acquire() as conn, conn.transaction():
+            done = await conn.fetch(
+                """UPDATE inbox SET status = 'done', processed_at = now(), lease_until = NULL,
+                                    error = NULL
+                    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
+                RETURNING id""",
+                claim.ids,
+                claim.lease_until,
+            )
+            if len(done) != len(claim.rows):
+                raise _LeaseLost()
+            message_id = None
+            if reply.turn_id is not None:
+                message_id = await conn.fetchval(
+                    """SELECT id FROM messages WHERE turn_id = $1 AND role = 'assistant'
+                        ORDER BY id DESC LIMIT 1""",
+                    reply.turn_id,
+                )
+            await enqueue(
+                conn,
+                agent_id=first.agent_id,
+                channel=first.channel,
+                recipient=first.conversation_key,
+                parts=parts,
+                conversation_id=reply.conversation_id,
+                message_id=message_id,
+            )
+
+    async def _release(self, claim: _Claim, error: str) -> None:
+        """A failed turn: back to pending for another try, or failed for good."""
+        await self._pool.execute(
+            """UPDATE inbox SET attempts = attempts + 1, lease_until = NULL, error = $3,
+                                status = CASE WHEN attempts + 1 >= $4 THEN 'failed'
+                                              ELSE 'pending' END,
+                                processed_at = CASE WHEN attempts + 1 >= $4 THEN now() END
+                WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2""",
+            claim.ids,
+            claim.lease_until,
+            error[:500],
+            self._max_attempts,
+        )
+
+
+def _text(row: InboxRow) -> str:
+    """The visitor's text in a stored delivery ('' for media without a caption)."""
+    payload = row.payload
+    if row.channel == "telegram":
+        message = payload.get("message")
+        if isinstance(message, Mapping):
+            value = message.get("text") or message.get("caption") or ""
+            return str(value).strip()
+        return ""
+    body = payload.get("Body")
+    return body.strip() if isinstance(body, str) else ""
+
+
+def _is_start(text: str) -> bool:
+    command = text.split(maxsplit=1)[0] if text else ""
+    return command == "/start" or command.startswith("/start@")
+
+
+def _base_language(code: str) -> str:
+    return code.replace("_", "-").split("-")[0].lower()

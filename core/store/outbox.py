@@ -1,0 +1,137 @@
+"""The outbox: reply parts waiting to be sent, claimed with a lease and sent in order per chat."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    agent_id: int
+    channel: str
+    conversation_id: int | None
+    message_id: int | None
+    recipient: str
+    part: int
+    body: str
+    status: str
+    attempts: int
+    provider_message_id: str | None
+    error_code: str | None
+    error_message: str | None
+
+
+_COLUMNS = ", ".join(OutboxRow.__dataclass_fields__)
+
+
+async def enqueue(
+    conn: asyncpg.Connection[Any] | PoolConnectionProxy[Any],
+    *,
+    agent_id: int,
+    channel: str,
+    recipient: str,
+    parts: Sequence[str],
+    conversation_id: int | None = None,
+    message_id: int | None = None,
+) -> list[int]:
+    """Add one reply's parts (already split by the caller) on ``conn``, inside its transaction."""
+    ids: list[int] = []
+    for number, body in enumerate(parts):
+        ids.append(
+            await conn.fetchval(
+                """INSERT INTO outbox (agent_id, channel, conversation_id, message_id, recipient,
+                                       part, body)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id""",
+                agent_id,
+                channel,
+                conversation_id,
+                message_id,
+                recipient,
+                number,
+                body,
+            )
+        )
+    return ids
+
+
+class Outbox:
+    """Claims, and records the fate of, outbox rows; `enqueue` adds them."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def claim(self, limit: int, lease: float) -> list[OutboxRow]:
+        """Due rows, leased for ``lease`` seconds, at most one per chat.
+
+        A row is due when it is pending and its time has come, or its sending lease has
+        expired (the sender died). A row waits while an earlier row for the same chat is still
+        unsent, so parts (and replies) go out in order. ``attempts`` counts claims, so a sender
+        that keeps dying on a row still gives up on it in the end.
+        """
+        rows = await self._pool.fetch(
+            f"""WITH due AS (
+                    SELECT o.id FROM outbox o
+                     WHERE ((o.status = 'pending' AND o.next_attempt_at <= now())
+                            OR (o.status = 'sending' AND o.lease_until < now()))
+                       AND NOT EXISTS (
+                           SELECT 1 FROM outbox e
+                            WHERE e.agent_id = o.agent_id AND e.channel = o.channel
+                              AND e.recipient = o.recipient AND e.id < o.id
+                              AND e.status IN ('pending', 'sending'))
+                     ORDER BY o.id
+                     LIMIT $1
+                     FOR UPDATE SKIP LOCKED)
+                UPDATE outbox SET status = 'sending', attempts = outbox.attempts + 1,
+                                  lease_until = now() + make_interval(secs => $2)
+                  FROM due WHERE outbox.id = due.id
+                RETURNING {", ".join("outbox." + c for c in OutboxRow.__dataclass_fields__)}""",
+            limit,
+            lease,
+        )
+        return sorted((OutboxRow(**dict(r)) for r in rows), key=lambda r: r.id)
+
+    async def mark_sent(self, row_id: int, provider_message_id: str) -> None:
+        await self._pool.execute(
+            """UPDATE outbox SET status = 'sent', provider_message_id = $2, sent_at = now(),
+                                 lease_until = NULL, error_code = NULL, error_message = NULL
+                WHERE id = $1""",
+            row_id,
+            provider_message_id,
+        )
+
+    async def mark_failed(self, row_id: int, code: str | None, message: str) -> None:
+        """Never to be retried: the provider refused it for good, or attempts ran out."""
+        await self._pool.execute(
+            """UPDATE outbox SET status = 'failed', error_code = $2, error_message = $3,
+                                 lease_until = NULL
+                WHERE id = $1""",
+            row_id,
+            code,
+            message,
+        )
+
+    async def reschedule(self, row_id: int, delay: float, code: str | None, message: str) -> None:
+        """Back to pending, due again in ``delay`` seconds (the attempt was counted at claim)."""
+        await self._pool.execute(
+            """UPDATE outbox SET status = 'pending', lease_until = NULL,
+                                 next_attempt_at = now() + make_interval(secs => $2),
+                                 error_code = $3, error_message = $4
+                WHERE id = $1""",
+            row_id,
+            delay,
+            code,
+            message,
+        )
+
+    async def rows(self, agent_id: int) -> list[OutboxRow]:
+        """An agent's outbox, oldest first (for tests and the admin)."""
+        rows = await self._pool.fetch(
+            f"SELECT {_COLUMNS} FROM outbox WHERE agent_id = $1 ORDER BY id", agent_id
+        )
+        return [OutboxRow(**dict(r)) for r in rows]

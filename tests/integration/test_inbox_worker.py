@@ -1,0 +1,408 @@
+"""The inbox worker end to end: inbox rows -> real pipeline -> outbox -> real senders -> fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from channels.delivery import split_message
+from channels.telegram_send import TelegramSender
+from channels.twilio_send import TwilioSender
+from core.answer.pipeline import AnswerPipeline, PipelineConfig
+from core.answer.rewrite import QueryRewriter
+from core.cache import RedisCache
+from core.jobs.inbox_worker import DEFAULT_WELCOME, TEXT_ONLY_REPLIES, InboxWorker
+from core.jobs.outbox_sender import OutboxSender
+from core.knowledge.ingest import Ingestor
+from core.knowledge.sources import parse_source
+from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.retriever import build_retriever
+from core.settings import Settings
+from core.store import Agent, Agents, Database
+from core.store.conversations import Conversations
+from core.store.curated import CuratedAnswers
+from core.store.inbox import Inbox
+from core.store.knowledge import KnowledgeStore
+from core.store.outbox import Outbox
+from tests.fakes.telegram import FakeTelegram
+from tests.fakes.twilio import FakeTwilio
+
+WHATSAPP_FROM = "whatsapp:+14155238886"
+ALICE = "whatsapp:+31612345678"
+BOB = "whatsapp:+31687654321"
+PAGES = [
+    {"url": "/en/shipping", "title": "Shipping", "lang": "en",
+     "text": "# Shipping\nOrders to Belgium arrive in 2-3 working days. Shipping costs 4.95 euro."},
+    {"url": "/en/returns", "title": "Returns", "lang": "en",
+     "text": "# Returns\nYou can return shoes within 30 days for a full refund."},
+]  # fmt: skip
+LONG_PARAGRAPH = "Our boots are made by hand in Portugal from full-grain leather. " * 12
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
+    """Poll ``check`` until it holds; fail after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.05)
+
+
+@dataclass
+class Rig:
+    database: Database
+    agent: Agent
+    twilio: FakeTwilio
+    telegram: FakeTelegram
+    pipeline: AnswerPipeline
+    senders: dict[str, Any]
+    inbox: Inbox
+    outbox: Outbox
+    sid_counter: int = 0
+
+    def worker(self, **options: Any) -> InboxWorker:
+        values: dict[str, Any] = {
+            "burst_window": 0.3,
+            "lease": 5.0,
+            "poll_interval": 0.05,
+            "splitters": {
+                "whatsapp": lambda text: split_message(text, TwilioSender.limit),
+                "telegram": lambda text: split_message(text, TelegramSender.limit),
+            },
+        }
+        return InboxWorker(self.database.pool, self.pipeline, **{**values, **options})
+
+    def sender(self, **options: Any) -> OutboxSender:
+        values: dict[str, Any] = {"poll_interval": 0.05, "base_backoff": 0.05}
+        return OutboxSender(self.database.pool, self.senders, **{**values, **options})
+
+    async def whatsapp(self, sender: str, body: str, *, media: bool = False) -> None:
+        self.sid_counter += 1
+        sid = f"SM{self.sid_counter:032d}"
+        payload: dict[str, Any] = {
+            "MessageSid": sid, "From": sender, "To": WHATSAPP_FROM, "Body": body,
+            "NumMedia": "1" if media else "0", "media_only": media and not body,
+        }  # fmt: skip
+        if media:
+            payload["MediaContentType0"] = "image/jpeg"
+            payload["MediaUrl0"] = "https://api.twilio.com/media/ME1"
+        assert await self.inbox.add(self.agent.id, "whatsapp", sid, sender, payload)
+
+    async def telegram_message(self, chat_id: int, text: str, language: str = "en") -> None:
+        self.sid_counter += 1
+        update = {
+            "update_id": 1000 + self.sid_counter,
+            "message": {
+                "message_id": self.sid_counter, "date": 1700000000, "text": text,
+                "chat": {"id": chat_id, "type": "private", "first_name": "Ann"},
+                "from": {"id": chat_id, "is_bot": False, "first_name": "Ann",
+                         "language_code": language},
+            },
+            "media_only": False,
+        }  # fmt: skip
+        assert await self.inbox.add(
+            self.agent.id, "telegram", str(update["update_id"]), str(chat_id), update
+        )
+
+    async def statuses(self) -> list[str]:
+        rows = await self.database.pool.fetch("SELECT status FROM inbox ORDER BY id")
+        return [r["status"] for r in rows]
+
+    async def all_done(self) -> bool:
+        statuses = await self.statuses()
+        return bool(statuses) and all(s == "done" for s in statuses)
+
+    async def outbox_settled(self) -> bool:
+        rows = await self.outbox.rows(self.agent.id)
+        return bool(rows) and all(r.status in ("sent", "failed") for r in rows)
+
+
+async def _shop(database: Database, embedder: UseEmbedder, tmp_path: Path) -> Agent:
+    agents = Agents(database.pool)
+    await agents.create("shop", embedder=EmbedderIdentity.of(embedder))
+    agent = await agents.update("shop", contact_route="hello@shop.example")
+    path = tmp_path / "pages.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PAGES), encoding="utf-8")
+    await Ingestor(KnowledgeStore(database.pool), embedder).ingest(agent, parse_source(str(path)))
+    return await agents.get("shop")
+
+
+def make_pipeline(
+    settings: Settings,
+    database: Database,
+    cache: RedisCache,
+    embedder: UseEmbedder,
+    session: aiohttp.ClientSession,
+    pace_seconds: float = 0.0,
+) -> AnswerPipeline:
+    """Like `build_pipeline` without an LLM (extractive), with the pace under the test's control."""
+    pool = database.pool
+    return AnswerPipeline(
+        agents=Agents(pool),
+        conversations=Conversations(pool),
+        curated=CuratedAnswers(pool),
+        retriever=build_retriever(settings, pool, embedder, cache, session),
+        embedder=embedder,
+        chat=None,
+        rewriter=QueryRewriter(None, cache, model=None, timeout_ms=300),
+        config=PipelineConfig(pace_seconds=pace_seconds),
+    )
+
+
+@pytest.fixture
+async def rig(
+    settings: Settings,
+    database: Database,
+    use_embedder: UseEmbedder,
+    cache: RedisCache,
+    tmp_path: Path,
+) -> AsyncIterator[Rig]:
+    agent = await _shop(database, use_embedder, tmp_path)
+    twilio, telegram = FakeTwilio(), FakeTelegram()
+    twilio_server, telegram_server = TestServer(twilio.app()), TestServer(telegram.app())
+    await twilio_server.start_server()
+    await telegram_server.start_server()
+    senders: dict[str, Any] = {
+        "whatsapp": TwilioSender(
+            twilio.account_sid,
+            twilio.auth_token,
+            WHATSAPP_FROM,
+            api_base=str(twilio_server.make_url("")),
+            timeout=5.0,
+        ),
+        "telegram": TelegramSender(
+            telegram.token, api_base=str(telegram_server.make_url("")), timeout=5.0
+        ),
+    }
+    async with aiohttp.ClientSession() as session:
+        pipeline = make_pipeline(settings, database, cache, use_embedder, session)
+        yield Rig(
+            database,
+            agent,
+            twilio,
+            telegram,
+            pipeline,
+            senders,
+            Inbox(database.pool),
+            Outbox(database.pool),
+        )
+    for sender in senders.values():
+        await sender.close()
+    await twilio_server.close()
+    await telegram_server.close()
+
+
+class Running:
+    """Background services of a test, cancelled (and awaited) at the end."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, coroutine: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.append(task)
+        return task
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Running]:
+    services = Running()
+    yield services
+    await services.stop()
+
+
+async def test_one_message_is_answered_delivered_and_stored(rig: Rig, running: Running) -> None:
+    await rig.whatsapp(ALICE, "How long does delivery to Belgium take?")
+    running.start(rig.worker().run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    [message] = rig.twilio.messages
+    assert message["to"] == ALICE
+    assert message["from"] == WHATSAPP_FROM
+    assert "2-3 working days" in message["body"]
+    [row] = await rig.outbox.rows(rig.agent.id)
+    assert row.status == "sent"
+    assert row.provider_message_id == message["sid"]
+    assert row.conversation_id is not None
+    assert row.message_id is not None
+
+    conversations = Conversations(rig.database.pool)
+    conversation = await conversations.find(rig.agent.id, "whatsapp", ALICE)
+    assert conversation == row.conversation_id
+    stored = await conversations.recent(conversation)
+    assert [(m.role, m.text) for m in stored] == [
+        ("visitor", "How long does delivery to Belgium take?"),
+        ("assistant", message["body"]),
+    ]
+
+
+async def test_a_burst_of_messages_gets_one_reply(rig: Rig, running: Running) -> None:
+    for text in ("hi", "I want to send my shoes back", "how many days do I have to return them?"):
+        await rig.whatsapp(ALICE, text)
+    running.start(rig.worker(burst_window=0.5).run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    assert len(rig.twilio.messages) == 1
+    assert "30 days" in rig.twilio.messages[0]["body"]
+    turns = await rig.database.pool.fetch("SELECT query FROM turns")
+    assert [t["query"] for t in turns] == [
+        "hi\nI want to send my shoes back\nhow many days do I have to return them?"
+    ]
+
+
+async def test_the_burst_window_waits_for_the_visitor_to_stop_typing(rig: Rig) -> None:
+    worker = rig.worker(burst_window=30.0)
+    await rig.whatsapp(ALICE, "hi")
+    assert not await worker.process_next()
+    assert await rig.statuses() == ["pending"]
+
+
+async def test_two_conversations_in_parallel_each_in_order(rig: Rig, running: Running) -> None:
+    curated = CuratedAnswers(rig.database.pool)
+    long_answer = "\n\n".join(f"Part {n}. {LONG_PARAGRAPH}" for n in range(1, 7))
+    await curated.create(rig.agent.id, long_answer, keywords=("boots",))
+    await rig.whatsapp(ALICE, "Tell me about your boots")
+    await rig.whatsapp(BOB, "What are the boots made of?")
+    running.start(rig.worker().run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    expected = split_message(long_answer, TwilioSender.limit)
+    assert len(expected) > 2
+    for recipient in (ALICE, BOB):
+        bodies = [m["body"] for m in rig.twilio.messages if m["to"] == recipient]
+        assert bodies == expected
+    # Both chats were served side by side, not one after the other.
+    recipients = [m["to"] for m in rig.twilio.messages]
+    first_bob = recipients.index(BOB)
+    assert ALICE in recipients[first_bob:]
+
+
+async def test_a_long_reply_goes_out_in_ordered_parts_within_the_limit(
+    rig: Rig, running: Running
+) -> None:
+    curated = CuratedAnswers(rig.database.pool)
+    paragraphs = [f"Section {n}. {LONG_PARAGRAPH}" for n in range(1, 100)]
+    long_answer = "\n\n".join(paragraphs)[:10_000].rstrip()
+    assert len(long_answer) == 10_000
+    await curated.create(rig.agent.id, long_answer, keywords=("catalogue",))
+    await rig.whatsapp(ALICE, "Send me the catalogue")
+    running.start(rig.worker().run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    bodies = rig.twilio.bodies
+    assert len(bodies) >= 7
+    assert all(len(b) <= 1600 for b in bodies)
+    assert bodies == split_message(long_answer, 1600)
+    rows = await rig.outbox.rows(rig.agent.id)
+    assert [r.part for r in rows] == list(range(len(bodies)))
+
+
+async def test_a_worker_cancelled_mid_turn_is_replaced_after_its_lease(
+    rig: Rig, running: Running, settings: Settings, cache: RedisCache, use_embedder: UseEmbedder
+) -> None:
+    curated = CuratedAnswers(rig.database.pool)
+    answer = "We ship to Belgium, the Netherlands and Germany. " * 10
+    await curated.create(rig.agent.id, answer.strip(), keywords=("ship",))
+    await rig.whatsapp(ALICE, "Where do you ship?")
+    async with aiohttp.ClientSession() as session:
+        slow = make_pipeline(settings, rig.database, cache, use_embedder, session, pace_seconds=0.1)
+        doomed = InboxWorker(
+            rig.database.pool, slow, burst_window=0.1, lease=1.0, poll_interval=0.05
+        )
+        first = asyncio.create_task(doomed.run())
+
+        async def processing() -> bool:
+            return await rig.statuses() == ["processing"]
+
+        await wait_until(processing)
+        await asyncio.sleep(0.2)  # into the turn, which takes ~3 s at this pace
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    assert await rig.statuses() == ["processing"]
+    assert await rig.outbox.rows(rig.agent.id) == []
+
+    running.start(rig.worker(lease=1.0).run())
+    running.start(rig.sender().run())
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    assert rig.twilio.bodies == [answer.strip()]
+    assert len(await rig.outbox.rows(rig.agent.id)) == 1
+
+
+async def test_media_only_gets_the_text_only_reply(rig: Rig, running: Running) -> None:
+    await rig.whatsapp(ALICE, "", media=True)
+    running.start(rig.worker().run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    assert rig.twilio.bodies == [TEXT_ONLY_REPLIES["en"]]
+
+
+async def test_telegram_start_gets_the_welcome_and_questions_an_answer(
+    rig: Rig, running: Running
+) -> None:
+    await Agents(rig.database.pool).update(
+        "shop", settings={"welcome_text": "Welcome to the shop! Ask away."}
+    )
+    await rig.telegram_message(501, "/start")
+    worker = rig.worker(burst_window=0.0)
+    assert await worker.process_next()
+    await rig.telegram_message(502, "/start")
+    await Agents(rig.database.pool).update("shop", settings={})
+    assert await worker.process_next()
+    await rig.telegram_message(501, "How long does delivery to Belgium take?")
+    assert await worker.process_next()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    by_chat = {
+        chat: [m["text"] for m in rig.telegram.messages if m["chat_id"] == chat]
+        for chat in (501, 502)
+    }
+    assert by_chat[502] == [DEFAULT_WELCOME]
+    assert by_chat[501][0] == "Welcome to the shop! Ask away."
+    assert "2-3 working days" in by_chat[501][1]
+
+
+async def test_a_failing_turn_is_retried_then_given_up(rig: Rig) -> None:
+    class Broken:
+        async def run(self, request: object, output: object) -> object:
+            raise RuntimeError("llm_failed")
+
+    await rig.whatsapp(ALICE, "hello?")
+    worker = InboxWorker(rig.database.pool, Broken(), burst_window=0.0)  # type: ignore[arg-type]
+    for attempt in (1, 2):
+        assert await worker.process_next()
+        row = await rig.database.pool.fetchrow("SELECT status, attempts, error FROM inbox")
+        assert row is not None
+        assert (row["status"], row["attempts"], row["error"]) == ("pending", attempt, "llm_failed")
+    assert await worker.process_next()
+    row = await rig.database.pool.fetchrow("SELECT status, attempts FROM inbox")
+    assert row is not None
+    assert (row["status"], row["attempts"]) == ("failed", 3)
+    assert not await worker.process_next()
+    assert await rig.outbox.rows(rig.agent.id) == []
