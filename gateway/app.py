@@ -37,7 +37,8 @@ from gateway.keys import (
 )
 from gateway.metrics import HttpMetrics
 from gateway.middlewares import errors, metrics, request_context
-from gateway.runtime import HTTP_TIMEOUT
+from gateway.runtime import HTTP_TIMEOUT, Runtime
+from gateway.worker import start_services, stop_services
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,14 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
         await close_chat_model(chat)
 
 
+async def _services(app: web.Application) -> AsyncIterator[None]:
+    """The messaging workers, in-process, sharing the gateway's pool, cache and embedder."""
+    runtime = Runtime(app[SETTINGS], app[DATABASE], app[CACHE], app[EMBEDDER], app[HTTP])
+    tasks = start_services(runtime)
+    yield
+    await stop_services(tasks)
+
+
 async def _announce(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     log.info("gateway.started host=%s port=%d", settings.host, settings.port)
@@ -108,17 +117,23 @@ async def _announce(app: web.Application) -> AsyncIterator[None]:
     log.info("gateway.stopping")
 
 
-def create_app(settings: Settings, demo: DemoSite | None = None) -> web.Application:
+def create_app(
+    settings: Settings, demo: DemoSite | None = None, *, background: bool = False
+) -> web.Application:
     """Build the gateway; resources open on startup and close on cleanup, in reverse order.
 
-    With ``demo``, the sample shop's pages are served at / with the widget on every page.
+    With ``demo``, the sample shop's pages are served at / with the widget on every page;
+    with ``background``, the messaging workers run in this process too (`parley serve`).
     """
     app = web.Application(
         middlewares=[request_context, metrics, errors], client_max_size=MAX_BODY_BYTES
     )
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
-    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _channels, _announce])
+    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _channels])
+    if background:
+        app.cleanup_ctx.append(_services)
+    app.cleanup_ctx.append(_announce)
     app.add_routes(health.routes)
     app.add_routes(routes.channel_routes())
     app.add_routes(widget_routes())

@@ -32,19 +32,32 @@ async def run_worker(settings: Settings) -> None:
         await _run_until_signalled(runtime)
 
 
+def start_services(runtime: Runtime) -> list[asyncio.Task[None]]:
+    """Every background service as a task of its own (`parley worker` and `parley serve`)."""
+    tasks = [asyncio.create_task(service(runtime), name=name) for name, service in SERVICES.items()]
+    log.info("services.started services=%s", ",".join(SERVICES) or "none")
+    return tasks
+
+
+async def stop_services(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the services and wait for them; a service that had failed is logged once."""
+    for task in tasks:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for task, result in zip(tasks, results, strict=True):
+        if isinstance(result, Exception):
+            log.error("services.failed service=%s error=%r", task.get_name(), result)
+
+
 async def _run_until_signalled(runtime: Runtime) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(service(runtime), name=name) for name, service in SERVICES.items()]
+    tasks = start_services(runtime)
     log.info("worker.started services=%s", ",".join(SERVICES) or "none")
     waiter = asyncio.create_task(stop.wait())
     await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    for task in [waiter, *tasks]:
-        task.cancel()
-    results = await asyncio.gather(waiter, *tasks, return_exceptions=True)
-    for task, result in zip([waiter, *tasks], results, strict=True):
-        if isinstance(result, Exception):
-            log.error("worker.service.failed service=%s error=%r", task.get_name(), result)
+    waiter.cancel()
+    await stop_services(tasks)
     log.info("worker.stopped")

@@ -96,7 +96,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> None:
     if demo is not None:
         log.info("demo.open url=http://%s:%d/", settings.host, settings.port)
     web.run_app(
-        create_app(settings, demo),
+        create_app(settings, demo, background=True),
         sock=sock,
         print=None,
         shutdown_timeout=SHUTDOWN_GRACE,
