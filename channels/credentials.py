@@ -66,10 +66,10 @@ def _text(agent: Agent, channel: str, block: Mapping[str, Any], name: str) -> st
     return value
 
 
-def twilio_credentials(agent: Agent, settings: Settings) -> TwilioCredentials:
+def twilio_credentials(agent: Agent | None, settings: Settings) -> TwilioCredentials:
     """The agent's Twilio account, else the environment's; `ChannelNotConfigured` if neither."""
-    block = _block(agent, "twilio")
-    if block is not None:
+    block = _block(agent, "twilio") if agent is not None else None
+    if agent is not None and block is not None:
         token = _text(agent, "twilio", block, "auth_token")
         if token is None:
             raise ChannelNotConfigured(
@@ -83,8 +83,9 @@ def twilio_credentials(agent: Agent, settings: Settings) -> TwilioCredentials:
             source="agent",
         )
     if settings.twilio_auth_token is None or not settings.twilio_auth_token.get_secret_value():
+        whose = f"agent {agent.slug!r}" if agent is not None else "this gateway"
         raise ChannelNotConfigured(
-            f"WhatsApp is not configured for agent {agent.slug!r}: set TWILIO_AUTH_TOKEN "
+            f"WhatsApp is not configured for {whose}: set TWILIO_AUTH_TOKEN "
             "or the agent's settings.twilio"
         )
     return TwilioCredentials(

@@ -18,6 +18,7 @@ from core.errors import Forbidden, InvalidInput
 from core.settings import Settings
 from core.store.agents import Agent, Agents
 from core.store.inbox import Inbox
+from core.store.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,41 @@ def _num_media(value: str | list[str] | None) -> int:
         return 0
 
 
+# Twilio's message statuses, mapped onto the outbox's; others (accepted, scheduled) are ignored.
+_STATUSES = {
+    "queued": "sent",
+    "sending": "sent",
+    "sent": "sent",
+    "delivered": "delivered",
+    "read": "read",
+    "failed": "failed",
+    "undelivered": "undelivered",
+}
+
+
 class TwilioChannel:
-    def __init__(self, agents: Agents, inbox: Inbox, settings: Settings) -> None:
+    def __init__(self, agents: Agents, inbox: Inbox, outbox: Outbox, settings: Settings) -> None:
         self._agents = agents
         self._inbox = inbox
+        self._outbox = outbox
         self._settings = settings
+
+    async def status(self, request: web.Request) -> web.Response:
+        """``POST /webhooks/twilio/status[?agent=A]``: a delivery report for a sent reply."""
+        slug = request.query.get("agent")
+        agent = await self._agents.get(slug) if slug else None
+        form = await self._verified_form(agent, request)
+        sid, reported = form.get("MessageSid"), form.get("MessageStatus")
+        if not isinstance(sid, str) or not isinstance(reported, str):
+            raise InvalidInput("a Twilio status callback needs MessageSid and MessageStatus")
+        status = _STATUSES.get(reported.lower())
+        code = form.get("ErrorCode")
+        if status is not None:
+            applied = await self._outbox.record_status(
+                CHANNEL, sid, status, code if isinstance(code, str) and code else None
+            )
+            log.info("twilio.status sid=%s status=%s applied=%s", sid, status, applied)
+        return _twiml()
 
     async def webhook(self, request: web.Request) -> web.Response:
         """``POST /webhooks/twilio/{agent}``: an incoming WhatsApp message."""
@@ -89,12 +120,16 @@ class TwilioChannel:
         )
         return _twiml()
 
-    async def _verified_form(self, agent: Agent, request: web.Request) -> MultiDictProxy[Any]:
-        """The form fields, once ``X-Twilio-Signature`` proves Twilio sent them; else 403."""
+    async def _verified_form(
+        self, agent: Agent | None, request: web.Request
+    ) -> MultiDictProxy[Any]:
+        """The form fields, once ``X-Twilio-Signature`` proves Twilio sent them; else 403.
+        Without an agent (status callbacks), the environment's credentials are used."""
+        name = agent.slug if agent else "-"
         try:
             credentials = twilio_credentials(agent, self._settings)
         except ChannelNotConfigured:
-            log.warning("twilio.webhook.rejected agent=%s reason=not_configured", agent.slug)
+            log.warning("twilio.webhook.rejected agent=%s reason=not_configured", name)
             raise
         signature = request.headers.get(SIGNATURE_HEADER, "")
         form = await request.post()
@@ -111,7 +146,7 @@ class TwilioChannel:
         if reason is not None:
             log.warning(
                 "twilio.webhook.rejected agent=%s reason=%s credentials=%s",
-                agent.slug,
+                name,
                 reason,
                 credentials.source,
             )

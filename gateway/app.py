@@ -20,6 +20,7 @@ from core.settings import Settings
 from core.store import Agents, open_database
 from core.store.api_keys import ApiKeys
 from core.store.inbox import Inbox
+from core.store.outbox import Outbox
 from core.store.vector_index import check_embedders
 from gateway import health, routes
 from gateway.demo import DemoSite, demo_routes, widget_routes
@@ -93,7 +94,7 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     app[WEB_CHANNEL] = WebChannel(pipeline, agents, app[CACHE], settings.public_url)
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
     inbox = Inbox(pool)
-    app[TWILIO_CHANNEL] = TwilioChannel(agents, inbox, settings)
+    app[TWILIO_CHANNEL] = TwilioChannel(agents, inbox, Outbox(pool), settings)
     app[TELEGRAM_CHANNEL] = TelegramChannel(agents, inbox, settings)
     log.info("gateway.answering mode=%s", "llm" if chat else "extractive")
     yield

@@ -54,6 +54,9 @@ async def run_outbox_sender(runtime: Runtime) -> None:
             settings.twilio_auth_token.get_secret_value(),
             settings.twilio_whatsapp_from,
             api_base=str(settings.twilio_api_base),
+            status_callback=(
+                f"{settings.public_url}/webhooks/twilio/status" if settings.public_url else None
+            ),
         )
     if settings.telegram_bot_token is not None:
         senders["telegram"] = TelegramSender(

@@ -23,6 +23,10 @@ async def _twilio(request: web.Request) -> web.Response:
     return await request.app[TWILIO_CHANNEL].webhook(request)
 
 
+async def _twilio_status(request: web.Request) -> web.Response:
+    return await request.app[TWILIO_CHANNEL].status(request)
+
+
 async def _telegram(request: web.Request) -> web.Response:
     return await request.app[TELEGRAM_CHANNEL].webhook(request)
 
@@ -32,6 +36,8 @@ def channel_routes() -> list[web.RouteDef]:
         web.post("/api/v1/agents/{agent}/chat", _chat),
         web.options("/api/v1/agents/{agent}/chat", _chat_preflight),
         web.post("/api/v1/agents/{agent}/turns", _turn),
+        # Before the agent route, or an agent named "status" would shadow it.
+        web.post("/webhooks/twilio/status", _twilio_status),
         web.post("/webhooks/twilio/{agent}", _twilio),
         web.post("/webhooks/telegram/{agent}", _telegram),
     ]

@@ -105,6 +105,24 @@ class Outbox:
             provider_message_id,
         )
 
+    async def record_status(
+        self, channel: str, provider_message_id: str, status: str, error_code: str | None
+    ) -> bool:
+        """A provider's delivery report. Reports arrive out of order, so a message only moves
+        forward (sent -> delivered -> read) and never leaves a final state; True if applied."""
+        result = await self._pool.execute(
+            """UPDATE outbox SET status = $3, error_code = COALESCE($4, error_code)
+                WHERE channel = $1 AND provider_message_id = $2
+                  AND status NOT IN ('read', 'failed', 'undelivered')
+                  AND NOT (status = 'delivered' AND $3 <> 'read')
+                  AND NOT (status = 'sent' AND $3 IN ('pending', 'sending'))""",
+            channel,
+            provider_message_id,
+            status,
+            error_code,
+        )
+        return result != "UPDATE 0"
+
     async def mark_failed(self, row_id: int, code: str | None, message: str) -> None:
         """Never to be retried: the provider refused it for good, or attempts ran out."""
         await self._pool.execute(

@@ -89,3 +89,45 @@ async def test_a_whatsapp_message_is_answered_through_twilio(
     finally:
         await gateway.close()
         await twilio.close()
+
+
+async def test_delivery_reports_only_move_forward(
+    make_settings: MakeSettings, database: Database, use_embedder: UseEmbedder
+) -> None:
+    agent = await Agents(database.pool).create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    await database.pool.execute(
+        """INSERT INTO outbox (agent_id, channel, recipient, body, status, provider_message_id)
+           VALUES ($1, 'whatsapp', $2, 'Hello', 'sent', 'SM42')""",
+        agent.id,
+        VISITOR,
+    )
+    token = "status-token-1"
+    gateway = TestServer(create_app(make_settings(twilio_auth_token=token)))
+    await gateway.start_server()
+    url = str(gateway.make_url("/webhooks/twilio/status"))
+
+    async def report(status: str, *, signed: bool = True, **extra: str) -> int:
+        fields = {"MessageSid": "SM42", "MessageStatus": status, **extra}
+        signature = RequestValidator(token if signed else "wrong").compute_signature(url, fields)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, data=fields, headers={"X-Twilio-Signature": signature}) as response,
+        ):
+            return response.status
+
+    async def status() -> str:
+        value: str = await database.pool.fetchval("SELECT status FROM outbox")
+        return value
+
+    try:
+        assert await report("read", signed=False) == 403
+        assert await status() == "sent"
+        assert await report("delivered") == 200
+        assert await status() == "delivered"
+        assert await report("sent") == 200  # late and out of order: ignored
+        assert await status() == "delivered"
+        assert await report("read") == 200
+        assert await report("failed", ErrorCode="30008") == 200  # read is final
+        assert await status() == "read"
+    finally:
+        await gateway.close()
