@@ -29,10 +29,21 @@ async def run_inbox_worker(runtime: Runtime) -> None:
         "whatsapp": lambda text: split_message(text, TwilioSender.limit),
         "telegram": lambda text: split_message(text, TelegramSender.limit),
     }
+    typing_sender = (
+        TelegramSender(
+            settings.telegram_bot_token.get_secret_value(),
+            api_base=str(settings.telegram_api_base),
+        )
+        if settings.telegram_bot_token is not None
+        else None
+    )
+    typing = {"telegram": typing_sender.keep_typing} if typing_sender is not None else {}
     try:
-        await InboxWorker(pool, pipeline, splitters=splitters).run()
+        await InboxWorker(pool, pipeline, splitters=splitters, typing=typing).run()
     finally:
         await close_chat_model(chat)
+        if typing_sender is not None:
+            await typing_sender.close()
 
 
 async def run_outbox_sender(runtime: Runtime) -> None:

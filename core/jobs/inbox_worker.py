@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,6 +30,8 @@ from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
 log = logging.getLogger(__name__)
 
 Splitter = Callable[[str], Sequence[str]]
+# Shows the customer that an answer is on its way (Telegram's "typing..."), until the event.
+TypingIndicator = Callable[[str, asyncio.Event], Coroutine[Any, Any, None]]
 
 WRITING_RULES: Mapping[str, str] = {
     "whatsapp": (
@@ -101,6 +103,7 @@ class InboxWorker:
         max_attempts: int = 3,
         max_rows: int = 20,
         splitters: Mapping[str, Splitter] | None = None,
+        typing: Mapping[str, TypingIndicator] | None = None,
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
@@ -112,6 +115,7 @@ class InboxWorker:
         self._max_attempts = max_attempts
         self._max_rows = max_rows
         self._splitters = splitters or {}
+        self._typing = typing or {}
 
     async def run(self) -> None:
         """Claim and answer until cancelled; a cancelled turn's rows wait for their lease."""
@@ -211,8 +215,15 @@ class InboxWorker:
         holder: list[_Claim] = [claim]
         stop = asyncio.Event()
         heartbeat = asyncio.create_task(self._keep_lease(holder, stop))
+        indicator = self._typing.get(first.channel)
+        answered = asyncio.Event()
+        typing = (
+            asyncio.create_task(indicator(first.conversation_key, answered))
+            if indicator is not None
+            else None
+        )
         try:
-            reply = await self._reply(claim)
+            reply = await self._reply_while_typing(claim, answered, typing)
         except asyncio.CancelledError:
             # The rows stay 'processing'; once the lease runs out another worker takes them.
             heartbeat.cancel()
@@ -238,6 +249,17 @@ class InboxWorker:
             first.id,
             len(claim.rows),
         )
+
+    async def _reply_while_typing(
+        self, claim: _Claim, answered: asyncio.Event, typing: asyncio.Task[None] | None
+    ) -> _Reply:
+        try:
+            return await self._reply(claim)
+        finally:
+            answered.set()
+            if typing is not None:
+                # The indicator is a courtesy: its failures never fail the turn.
+                await asyncio.gather(typing, return_exceptions=True)
 
     async def _keep_lease(self, holder: list[_Claim], stop: asyncio.Event) -> None:
         """Extends the lease while a long turn runs, so no other worker takes the rows."""

@@ -406,3 +406,23 @@ async def test_a_failing_turn_is_retried_then_given_up(rig: Rig) -> None:
     assert (row["status"], row["attempts"]) == ("failed", 3)
     assert not await worker.process_next()
     assert await rig.outbox.rows(rig.agent.id) == []
+
+
+async def test_telegram_shows_typing_while_the_answer_is_made(rig: Rig) -> None:
+    existing = rig.senders["telegram"]
+    # Typing repeats every 50 ms here, so a loop left running would show within the wait below.
+    telegram = TelegramSender(
+        rig.telegram.token, api_base=existing._api_base, timeout=5.0, typing_interval=0.05
+    )
+    await rig.telegram_message(777, "How long does delivery to Belgium take?")
+    worker = rig.worker(burst_window=0.0, typing={"telegram": telegram.keep_typing})
+    assert await worker.process_next()
+    actions = [c for c in rig.telegram.calls if c["method"] == "sendChatAction"]
+    assert actions  # shown while the turn ran
+    assert str(actions[0]["params"]["chat_id"]) == "777"
+    assert actions[0]["params"]["action"] == "typing"
+    # ... and stopped with the turn: no more typing once it is answered.
+    count = len(actions)
+    await asyncio.sleep(0.3)
+    assert len([c for c in rig.telegram.calls if c["method"] == "sendChatAction"]) == count
+    await telegram.close()
