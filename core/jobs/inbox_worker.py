@@ -22,7 +22,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from core.answer.pipeline import AnswerPipeline
-from core.store.conversations import Conversations, TurnRecord
+from core.store.conversations import Conversations, TurnRecord, discard_turn
 from core.store.inbox import InboxRow
 from core.store.outbox import enqueue
 from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
@@ -76,6 +76,23 @@ class _Claim:
         return self.rows[0]
 
 
+class _Superseded(Exception):
+    """A newer message of the conversation arrived while the reply was being made."""
+
+
+async def _newer_waiting(conn: Any, first: InboxRow, claimed: list[int]) -> bool:
+    newer: bool = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM inbox
+                           WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
+                             AND status = 'pending' AND NOT (id = ANY($4::bigint[])))""",
+        first.agent_id,
+        first.channel,
+        first.conversation_key,
+        claimed,
+    )
+    return newer
+
+
 @dataclass(frozen=True, slots=True)
 class _Reply:
     text: str
@@ -104,6 +121,7 @@ class InboxWorker:
         max_rows: int = 20,
         splitters: Mapping[str, Splitter] | None = None,
         typing: Mapping[str, TypingIndicator] | None = None,
+        redo_when_superseded: bool = True,
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
@@ -116,6 +134,7 @@ class InboxWorker:
         self._max_rows = max_rows
         self._splitters = splitters or {}
         self._typing = typing or {}
+        self._redo = redo_when_superseded
 
     async def run(self) -> None:
         """Claim and answer until cancelled; a cancelled turn's rows wait for their lease."""
@@ -240,6 +259,13 @@ class InboxWorker:
         await heartbeat  # not cancelled: a renewal in flight must land in `holder`
         try:
             await self._finish(holder[0], reply)
+        except _Superseded:
+            log.info(
+                "inbox.turn.superseded channel=%s inbox_id=%d: redone with the newer message",
+                first.channel,
+                first.id,
+            )
+            return
         except _LeaseLost:
             log.warning("inbox.claim.lost channel=%s inbox_id=%d", first.channel, first.id)
             return
@@ -358,6 +384,8 @@ class InboxWorker:
         first = claim.first
         split = self._splitters.get(first.channel)
         parts = [p for p in (split(reply.text) if split else [reply.text]) if p.strip()]
+        if await self._superseded(claim, reply):
+            raise _Superseded()
         async with self._pool.acquire() as conn, conn.transaction():
             done = await conn.fetch(
                 """UPDATE inbox SET status = 'done', processed_at = now(), lease_until = NULL,
@@ -385,6 +413,29 @@ class InboxWorker:
                 conversation_id=reply.conversation_id,
                 message_id=message_id,
             )
+
+    async def _superseded(self, claim: _Claim, reply: _Reply) -> bool:
+        """True (and the turn undone) when the visitor wrote again while the reply was made:
+        it would answer only part of what they said, so everything is answered together in a
+        new turn. The rows go back to waiting, under this worker's lease or not at all."""
+        if not self._redo:
+            return False
+        first = claim.first
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await _newer_waiting(conn, first, claim.ids):
+                return False
+            released = await conn.fetch(
+                """UPDATE inbox SET status = 'pending', processed_at = NULL, lease_until = NULL
+                    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
+                RETURNING id""",
+                claim.ids,
+                claim.lease_until,
+            )
+            if len(released) != len(claim.rows):
+                raise _LeaseLost()
+            if reply.turn_id is not None:
+                await discard_turn(conn, reply.turn_id)
+        return True
 
     async def _release(self, claim: _Claim, error: str) -> None:
         """A failed turn: back to pending for another try, or failed for good."""

@@ -104,8 +104,9 @@ class Conversations:
                 "SELECT generation FROM conversations WHERE id = $1", conversation_id
             )
             if record.save_question:
+                # The visitor's message belongs to the turn too: a superseded turn goes whole.
                 await _add_message(
-                    conn, conversation_id, "visitor", record.question, None, generation
+                    conn, conversation_id, "visitor", record.question, turn_id, generation
                 )
             await _add_message(
                 conn, conversation_id, "assistant", record.answer, turn_id, generation
@@ -139,6 +140,12 @@ class Conversations:
                     record.confidence,
                 )
         return SavedTurn(conversation_id, turn_id)
+
+
+async def discard_turn(conn: Any, turn_id: int) -> None:
+    """Forget a turn whose reply was never sent (a newer message superseded it)."""
+    await conn.execute("DELETE FROM messages WHERE turn_id = $1", turn_id)
+    await conn.execute("DELETE FROM turns WHERE id = $1", turn_id)
 
 
 async def _add_message(

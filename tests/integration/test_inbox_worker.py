@@ -426,3 +426,37 @@ async def test_telegram_shows_typing_while_the_answer_is_made(rig: Rig) -> None:
     await asyncio.sleep(0.3)
     assert len([c for c in rig.telegram.calls if c["method"] == "sendChatAction"]) == count
     await telegram.close()
+
+
+async def test_a_newer_message_during_the_reply_redoes_the_turn_with_both(rig: Rig) -> None:
+    class Gated:
+        """The real pipeline, held at its start until the test has sent a newer message."""
+
+        def __init__(self, pipeline: AnswerPipeline) -> None:
+            self.pipeline = pipeline
+            self.started = asyncio.Event()
+            self.release = asyncio.Event()
+
+        async def run(self, request: Any, output: Any) -> Any:
+            self.started.set()
+            await self.release.wait()
+            return await self.pipeline.run(request, output)
+
+    gated = Gated(rig.pipeline)
+    worker = InboxWorker(rig.database.pool, gated, burst_window=0.0, lease=5.0)  # type: ignore[arg-type]
+    await rig.whatsapp(ALICE, "I ordered boots last week")
+    turn = asyncio.create_task(worker.process_next())
+    await asyncio.wait_for(gated.started.wait(), timeout=10)
+    await rig.whatsapp(ALICE, "How long does delivery to Belgium take?")
+    gated.release.set()
+    assert await turn  # it ran, and let its reply go
+    assert await rig.database.pool.fetchval("SELECT count(*) FROM outbox") == 0
+    assert await rig.database.pool.fetchval("SELECT count(*) FROM messages") == 0
+
+    gated.started.clear()
+    assert await worker.process_next()
+    bodies = await rig.database.pool.fetch("SELECT body FROM outbox")
+    assert len(bodies) == 1
+    [question] = await rig.database.pool.fetch("SELECT text FROM messages WHERE role = 'visitor'")
+    assert question["text"] == "I ordered boots last week\nHow long does delivery to Belgium take?"
+    assert await rig.database.pool.fetchval("SELECT count(*) FROM inbox WHERE status = 'done'") == 2
