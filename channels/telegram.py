@@ -10,7 +10,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from aiohttp import web
 from telegram import Message, Update
@@ -51,6 +52,39 @@ def _classify(update: Update, data: dict[str, Any]) -> tuple[Message | None, boo
     return message, not (message.caption or "").strip(), media
 
 
+@dataclass(frozen=True, slots=True)
+class Handled:
+    """What became of one Update: stored, already stored, or ignored, and its kind for logs."""
+
+    outcome: Literal["stored", "duplicate", "ignored"]
+    update_id: int
+    kind: str
+
+
+async def store_update(inbox: Inbox, agent: Agent, data: dict[str, Any]) -> Handled:
+    """Write one Update (the Bot API's JSON) to the inbox when it needs an answer.
+
+    The webhook and `parley telegram poll` both come here, so a row is the same however it
+    arrived, keyed by ``update_id``: the same update read twice is stored once.
+    `InvalidInput` when ``data`` is not an Update.
+    """
+    try:
+        update = Update.de_json(data, bot=None)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"not a Telegram Update ({type(exc).__name__})") from None
+    message, media_only, kind = _classify(update, data)
+    if message is None:
+        return Handled("ignored", update.update_id, kind)
+    added = await inbox.add(
+        agent.id,
+        CHANNEL,
+        str(update.update_id),
+        str(message.chat.id),
+        {**data, "media_only": media_only},
+    )
+    return Handled("stored" if added else "duplicate", update.update_id, kind)
+
+
 class TelegramChannel:
     def __init__(self, agents: Agents, inbox: Inbox, settings: Settings) -> None:
         self._agents = agents
@@ -61,29 +95,17 @@ class TelegramChannel:
         """``POST /webhooks/telegram/{agent}``: one Update from the Bot API."""
         agent = await self._agents.get(request.match_info["agent"])
         self._verify(agent, request)
-        data = _json_object(await request.read())
-        try:
-            update = Update.de_json(data, bot=None)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidInput(f"not a Telegram Update ({type(exc).__name__})") from None
-        message, media_only, kind = _classify(update, data)
-        if message is None:
-            log.info("telegram.webhook.ignored agent=%s kind=%s", agent.slug, kind)
-            return web.json_response({})
-        added = await self._inbox.add(
-            agent.id,
-            CHANNEL,
-            str(update.update_id),
-            str(message.chat.id),
-            {**data, "media_only": media_only},
-        )
-        log.info(
-            "telegram.webhook.%s agent=%s update_id=%d kind=%s",
-            "stored" if added else "duplicate",
-            agent.slug,
-            update.update_id,
-            kind,
-        )
+        handled = await store_update(self._inbox, agent, _json_object(await request.read()))
+        if handled.outcome == "ignored":
+            log.info("telegram.webhook.ignored agent=%s kind=%s", agent.slug, handled.kind)
+        else:
+            log.info(
+                "telegram.webhook.%s agent=%s update_id=%d kind=%s",
+                handled.outcome,
+                agent.slug,
+                handled.update_id,
+                handled.kind,
+            )
         return web.json_response({})
 
     def _verify(self, agent: Agent, request: web.Request) -> None:

@@ -12,7 +12,7 @@ from core.errors import ParleyError
 from core.logcontext import configure_logging
 from core.settings import Settings, load_settings
 from core.store import open_database
-from gateway.commands import agents, answers, knowledge, search, serve
+from gateway.commands import agents, answers, knowledge, search, serve, telegram
 from gateway.runtime import Runtime, open_runtime
 from gateway.worker import run_worker
 
@@ -30,6 +30,7 @@ _RUNTIME_COMMANDS: dict[str, tuple[Command, bool]] = {
     "search": (search.run, True),
     "ask": (answers.ask, True),
     "key": (answers.key, True),
+    "telegram": (telegram.run, False),
 }
 
 
@@ -47,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     knowledge.register(commands)
     search.register(commands)
     answers.register(commands)
+    telegram.register(commands)
     return parser
 
 

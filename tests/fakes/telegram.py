@@ -1,9 +1,14 @@
-"""A local Telegram Bot API: `/bot{token}/getMe`, `/sendMessage`, `/sendChatAction`, scriptable."""
+"""A local Telegram Bot API: getMe, sendMessage, sendChatAction, the webhook and getUpdates.
+
+Scriptable: failures to serve, blocked chats, and updates a test pushes for long polling.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -61,6 +66,15 @@ def _parse_html(text: str) -> tuple[str | None, str]:
     return html.unescape(without_tags), ""
 
 
+def _json_param(value: Any) -> Any:
+    """A nested value: PTB sends it as a JSON string in a form field."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _flag(value: Any) -> bool:
+    return str(value).lower() == "true"
+
+
 @dataclass
 class FakeTelegram:
     """State of the fake: the token it accepts, failures to serve first, what it was asked.
@@ -74,6 +88,12 @@ class FakeTelegram:
     action_fail_next: list[Failure | tuple[Any, ...]] = field(default_factory=list)
     succeed_first: int = 0  # messages to accept before `fail_next` is served
     blocked: set[int] = field(default_factory=set)
+    # The webhook as setWebhook left it: {"url", "secret_token", "allowed_updates",
+    # "max_connections", "drop_pending_updates"}; None when there is none.
+    webhook: dict[str, Any] | None = None
+    # Updates not yet confirmed (getUpdates confirms those below its ``offset``); `push` adds.
+    # ``allowed_updates`` is recorded, not applied, so the bot sees whatever a test pushes.
+    pending: list[dict[str, Any]] = field(default_factory=list)
     # Every call with a valid token, in order: {"method", "params"}.
     calls: list[dict[str, Any]] = field(default_factory=list)
     # Accepted messages: {"message_id", "chat_id", "text" (as shown), "sent" (as sent),
@@ -102,6 +122,12 @@ class FakeTelegram:
         async with self._changed:
             await self._changed.wait_for(lambda: self.count(method) >= count)
 
+    async def push(self, *updates: dict[str, Any]) -> None:
+        """Queue updates (the Bot API's JSON) for getUpdates; a waiting long poll returns."""
+        async with self._changed:
+            self.pending.extend(updates)
+            self._changed.notify_all()
+
     async def _params(self, request: web.Request) -> dict[str, Any]:
         if not request.body_exists:
             return dict(request.query)
@@ -119,10 +145,15 @@ class FakeTelegram:
         async with self._changed:
             self.calls.append({"method": method, "params": params})
             self._changed.notify_all()
+        if method.lower() == "getupdates":
+            return await self._get_updates(request, params)
         handler = {
             "getme": self._get_me,
             "sendmessage": self._send_message,
             "sendchataction": self._send_chat_action,
+            "setwebhook": self._set_webhook,
+            "getwebhookinfo": self._get_webhook_info,
+            "deletewebhook": self._delete_webhook,
         }.get(method.lower())
         if handler is None:
             return _error(Failure(404, "Not Found"))
@@ -193,3 +224,71 @@ class FakeTelegram:
         if params.get("action") not in {"typing", "upload_photo", "record_voice"}:
             return _error(Failure(400, "Bad Request: wrong parameter action in request"))
         return web.json_response({"ok": True, "result": True})
+
+    async def _get_updates(self, request: web.Request, params: dict[str, Any]) -> web.Response:
+        """Long polling: what is pending from ``offset`` on, else wait up to ``timeout`` s."""
+        if self.webhook is not None:
+            return _error(
+                Failure(
+                    409,
+                    "Conflict: can't use getUpdates method while webhook is active; "
+                    "use deleteWebhook to delete the webhook first",
+                )
+            )
+        offset = int(params.get("offset") or 0)
+        limit = int(params.get("limit") or 100)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(params.get("timeout") or 0)
+        async with self._changed:
+            while True:
+                if offset:  # Telegram forgets updates below the offset: they are confirmed
+                    self.pending = [u for u in self.pending if u["update_id"] >= offset]
+                gone = request.transport is None or request.transport.is_closing()
+                remaining = deadline - loop.time()
+                if self.pending or remaining <= 0 or gone:
+                    break
+                # Short waits, so a poll whose client went away does not hold the server open.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.2))
+            result = self.pending[:limit]
+        return web.json_response({"ok": True, "result": result})
+
+    def _set_webhook(self, params: dict[str, Any]) -> web.Response:
+        url = str(params.get("url", ""))
+        if not url:
+            return self._delete_webhook(params)
+        if not url.startswith("https://"):
+            return _error(
+                Failure(400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook")
+            )
+        if _flag(params.get("drop_pending_updates")):
+            self.pending.clear()
+        self.webhook = {
+            "url": url,
+            "secret_token": params.get("secret_token"),
+            "allowed_updates": _json_param(params.get("allowed_updates")),
+            "max_connections": int(params.get("max_connections") or 40),
+            "drop_pending_updates": _flag(params.get("drop_pending_updates")),
+        }
+        return web.json_response({"ok": True, "result": True, "description": "Webhook was set"})
+
+    def _get_webhook_info(self, params: dict[str, Any]) -> web.Response:
+        info: dict[str, Any] = {
+            "url": "",
+            "has_custom_certificate": False,
+            "pending_update_count": len(self.pending),
+        }
+        if self.webhook is not None:
+            info |= {
+                "url": self.webhook["url"],
+                "max_connections": self.webhook.get("max_connections") or 40,
+                "allowed_updates": self.webhook.get("allowed_updates") or ["message"],
+            }
+        return web.json_response({"ok": True, "result": info})
+
+    def _delete_webhook(self, params: dict[str, Any]) -> web.Response:
+        existed, self.webhook = self.webhook is not None, None
+        if _flag(params.get("drop_pending_updates")):
+            self.pending.clear()
+        description = "Webhook was deleted" if existed else "Webhook is already deleted"
+        return web.json_response({"ok": True, "result": True, "description": description})
