@@ -15,9 +15,12 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 @asynccontextmanager
 async def chromium() -> AsyncIterator[Browser]:
-    """Debian's Chromium (Playwright's own builds are never downloaded); skips without it."""
+    """Debian's Chromium (Playwright's own builds are never downloaded)."""
     if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
+        pytest.fail(
+            "the browser tests need Debian's Chromium at /usr/bin/chromium: "
+            "apt-get install chromium (.ci/run installs it)"
+        )
     async with async_playwright() as p:
         launched = await p.chromium.launch(
             executable_path=str(CHROMIUM),
