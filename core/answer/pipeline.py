@@ -117,6 +117,21 @@ def _sources(result: RetrievalResult, limit: int) -> list[SourceRef]:
     return sources
 
 
+def _record(request: TurnRequest, agent: Agent, language: str, **outcome: Any) -> TurnRecord:
+    """What a turn saves: who asked what where, plus the ``outcome`` fields of the answer."""
+    return TurnRecord(
+        agent_id=agent.id,
+        channel=request.channel,
+        conversation_key=request.conversation_key,
+        question=request.text,
+        save_question=not request.already_saved,
+        language=language,
+        count_usage=request.channel != "playground",  # trying things out costs nothing
+        trace={},  # filled in by _conclude, once the timings are complete
+        **outcome,
+    )
+
+
 def _word_chunks(text: str) -> list[str]:
     """Canned and extractive answers stream a few words at a time, like a model would."""
     words = text.split(" ")
@@ -234,22 +249,17 @@ class AnswerPipeline:
             request,
             out,
             trace,
-            TurnRecord(
-                agent_id=agent.id,
-                channel=request.channel,
-                conversation_key=request.conversation_key,
-                question=request.text,
+            _record(
+                request,
+                agent,
+                language,
                 answer=answer,
-                save_question=not request.already_saved,
                 rewritten_query=rewrite.query if rewrite.method != "verbatim" else None,
                 confidence=confidence,
                 low_confidence=low_confidence,
                 mode=generated.mode,
-                trace={},
-                language=language,
                 prompt_tokens=generated.usage.prompt_tokens if generated.usage else 0,
                 completion_tokens=generated.usage.completion_tokens if generated.usage else 0,
-                count_usage=request.channel != "playground",
                 gap_reason=gap_reason(answer, low_confidence),
             ),
             shown,
@@ -326,20 +336,15 @@ class AnswerPipeline:
             request,
             out,
             trace,
-            TurnRecord(
-                agent_id=agent.id,
-                channel=request.channel,
-                conversation_key=request.conversation_key,
-                question=request.text,
+            _record(
+                request,
+                agent,
+                language,
                 answer=text,
-                save_question=not request.already_saved,
                 rewritten_query=None,
                 confidence=1.0,
                 low_confidence=False,
                 mode="curated",
-                trace={},
-                language=language,
-                count_usage=request.channel != "playground",
             ),
             (),
             (),
