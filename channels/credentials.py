@@ -95,6 +95,15 @@ def twilio_credentials(agent: Agent | None, settings: Settings) -> TwilioCredent
     )
 
 
+def telegram_bot_token(agent: Agent, settings: Settings) -> SecretStr | None:
+    """The token replies are sent with: the agent's own bot, else the environment's."""
+    block = _block(agent, "telegram")
+    if block is not None:
+        token = _text(agent, "telegram", block, "bot_token")
+        return SecretStr(token) if token is not None else None
+    return settings.telegram_bot_token
+
+
 def telegram_credentials(agent: Agent, settings: Settings) -> TelegramCredentials:
     """The agent's bot, else the environment's; `ChannelNotConfigured` without a webhook secret."""
     block = _block(agent, "telegram")

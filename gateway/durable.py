@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from channels.credentials import (
+    ChannelNotConfigured,
+    telegram_bot_token,
+    twilio_credentials,
+)
 from channels.delivery import split_message
 from channels.telegram_send import TelegramSender
 from channels.twilio_send import TwilioSender
@@ -11,7 +16,8 @@ from core.answer.factory import build_pipeline
 from core.jobs.inbox_worker import InboxWorker
 from core.jobs.outbox_sender import OutboxSender
 from core.llm.openai_chat import close_chat_model, open_chat_model
-from core.store.agents import Agents
+from core.settings import Settings
+from core.store.agents import Agent, Agents
 from gateway.runtime import Runtime
 
 AGENT_FRESH_SECONDS = 30.0
@@ -46,36 +52,78 @@ async def run_inbox_worker(runtime: Runtime) -> None:
             await typing_sender.close()
 
 
-async def run_outbox_sender(runtime: Runtime) -> None:
-    """Sends queued reply parts with the environment's channel credentials, until cancelled.
+class AgentSenders:
+    """The sender for each agent's channel, with the agent's own account when it has one
+    (``settings.twilio`` / ``settings.telegram``), else the environment's. Senders are kept
+    while their credentials stay the same, and rebuilt when staff change them."""
 
-    Per-agent credentials (``settings.twilio`` / ``settings.telegram``) are not used yet: one
-    Twilio account and one Telegram bot per process. A channel without credentials has no
-    sender, and its parts fail with ``no_sender``.
+    def __init__(self, settings: Settings, agents: Agents) -> None:
+        self._settings = settings
+        self._agents = agents
+        self._senders: dict[tuple[int, str], tuple[tuple[str, ...], Any]] = {}
+
+    async def sender_for(self, agent_id: int, channel: str) -> Any:
+        agent = await self._agents.by_id(agent_id)
+        made = self._make(agent, channel)
+        if made is None:
+            return None
+        fingerprint, build = made
+        known = self._senders.get((agent_id, channel))
+        if known is not None and known[0] == fingerprint:
+            return known[1]
+        if known is not None:
+            await known[1].close()
+        sender = build()
+        self._senders[(agent_id, channel)] = (fingerprint, sender)
+        return sender
+
+    def _make(self, agent: Agent, channel: str) -> tuple[tuple[str, ...], Any] | None:
+        settings = self._settings
+        if channel == "whatsapp":
+            try:
+                twilio = twilio_credentials(agent, settings)
+            except ChannelNotConfigured:
+                return None
+            if not twilio.account_sid or not twilio.whatsapp_from:
+                return None
+            token = twilio.auth_token.get_secret_value()
+            callback = None
+            if settings.public_url:
+                callback = f"{settings.public_url}/webhooks/twilio/status"
+                if twilio.source == "agent":
+                    callback += f"?agent={agent.slug}"  # verified with the agent's own token
+            sid, sender_from = twilio.account_sid, twilio.whatsapp_from
+            return (sid, token, sender_from, callback or ""), lambda: TwilioSender(
+                sid,
+                token,
+                sender_from,
+                api_base=str(settings.twilio_api_base),
+                status_callback=callback,
+            )
+        if channel == "telegram":
+            bot = telegram_bot_token(agent, settings)
+            if bot is None:
+                return None
+            value = bot.get_secret_value()
+            return (value,), lambda: TelegramSender(value, api_base=str(settings.telegram_api_base))
+        return None
+
+    async def close(self) -> None:
+        for _, sender in self._senders.values():
+            await sender.close()
+        self._senders.clear()
+
+
+async def run_outbox_sender(runtime: Runtime) -> None:
+    """Sends queued reply parts, each with its agent's channel account, until cancelled.
+
+    A channel an agent has no credentials for has no sender; its parts fail with
+    ``no_sender``.
     """
-    settings = runtime.settings
-    senders: dict[str, Any] = {}
-    if (
-        settings.twilio_account_sid
-        and settings.twilio_auth_token is not None
-        and settings.twilio_whatsapp_from
-    ):
-        senders["whatsapp"] = TwilioSender(
-            settings.twilio_account_sid,
-            settings.twilio_auth_token.get_secret_value(),
-            settings.twilio_whatsapp_from,
-            api_base=str(settings.twilio_api_base),
-            status_callback=(
-                f"{settings.public_url}/webhooks/twilio/status" if settings.public_url else None
-            ),
-        )
-    if settings.telegram_bot_token is not None:
-        senders["telegram"] = TelegramSender(
-            settings.telegram_bot_token.get_secret_value(),
-            api_base=str(settings.telegram_api_base),
-        )
+    senders = AgentSenders(
+        runtime.settings, Agents(runtime.database.pool, fresh_for=AGENT_FRESH_SECONDS)
+    )
     try:
         await OutboxSender(runtime.database.pool, senders).run()
     finally:
-        for sender in senders.values():
-            await sender.close()
+        await senders.close()

@@ -29,6 +29,12 @@ class PartSender(Protocol):
     async def send(self, recipient: str, text: str) -> Sequence[SentPart]: ...
 
 
+class SenderDirectory(Protocol):
+    """Finds the sender for an agent's channel (each agent may have its own account)."""
+
+    async def sender_for(self, agent_id: int, channel: str) -> PartSender | None: ...
+
+
 @runtime_checkable
 class DeliveryFailure(Protocol):
     """The shape of `channels.delivery.DeliveryError`, recognised without importing it."""
@@ -51,7 +57,7 @@ class OutboxSender:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        senders: Mapping[str, PartSender],
+        senders: Mapping[str, PartSender] | SenderDirectory,
         *,
         batch: int = 20,
         lease: float = 60.0,
@@ -82,8 +88,13 @@ class OutboxSender:
         await asyncio.gather(*(self._send(row) for row in rows))
         return len(rows)
 
+    async def _sender(self, row: OutboxRow) -> PartSender | None:
+        if isinstance(self._senders, Mapping):
+            return self._senders.get(row.channel)
+        return await self._senders.sender_for(row.agent_id, row.channel)
+
     async def _send(self, row: OutboxRow) -> None:
-        sender = self._senders.get(row.channel)
+        sender = await self._sender(row)
         if sender is None:
             log.error("outbox.send.no_sender channel=%s outbox_id=%d", row.channel, row.id)
             await self._outbox.mark_failed(row.id, "no_sender", f"no sender for {row.channel}")

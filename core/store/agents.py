@@ -165,6 +165,12 @@ class Agents:
             self._recent[slug] = (time.monotonic() + self._fresh_for, agent)
         return agent
 
+    async def by_id(self, agent_id: int) -> Agent:
+        row = await self._pool.fetchrow(f"SELECT {_COLUMNS} FROM agents WHERE id = $1", agent_id)
+        if row is None:
+            raise AgentNotFound(str(agent_id))
+        return Agent.from_row(row)
+
     async def list(self) -> list[Agent]:
         rows = await self._pool.fetch(f"SELECT {_COLUMNS} FROM agents ORDER BY slug")
         return [Agent.from_row(r) for r in rows]

@@ -11,12 +11,14 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from twilio.request_validator import RequestValidator
 
+from core.jobs.outbox_sender import OutboxSender
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
 from gateway.app import create_app
+from gateway.durable import AgentSenders
 from tests.conftest import MakeSettings
 from tests.fakes.twilio import FakeTwilio
 
@@ -131,3 +133,55 @@ async def test_delivery_reports_only_move_forward(
         assert await status() == "read"
     finally:
         await gateway.close()
+
+
+async def test_each_agent_sends_with_its_own_twilio_account(
+    make_settings: MakeSettings, database: Database, use_embedder: UseEmbedder
+) -> None:
+    fake = FakeTwilio()
+    twilio = TestServer(fake.app())
+    await twilio.start_server()
+    agents = Agents(database.pool)
+    identity = EmbedderIdentity.of(use_embedder)
+    own = await agents.create("own", embedder=identity)  # the fake's account, in the database
+    await agents.update(
+        "own",
+        settings={"twilio": {"account_sid": fake.account_sid, "auth_token": fake.auth_token,
+                             "whatsapp_from": "whatsapp:+14155238886"}},
+    )  # fmt: skip
+    other = await agents.create("other", embedder=identity)  # another account, in the database
+    await agents.update(
+        "other",
+        settings={"twilio": {"account_sid": "AC" + "9" * 32, "auth_token": "not-the-fake",
+                             "whatsapp_from": "whatsapp:+14155230000"}},
+    )  # fmt: skip
+    plain = await agents.create("plain", embedder=identity)  # nothing of its own: environment
+    for agent in (own, other, plain):
+        await database.pool.execute(
+            "INSERT INTO outbox (agent_id, channel, recipient, body) VALUES ($1, 'whatsapp', $2, $3)",
+            agent.id,
+            VISITOR,
+            f"Hello from {agent.slug}",
+        )
+    settings = make_settings(  # the environment's account is wrong on purpose
+        twilio_account_sid="AC" + "1" * 32,
+        twilio_auth_token="wrong-env-token",
+        twilio_whatsapp_from="whatsapp:+10000000000",
+        twilio_api_base=str(twilio.make_url("")).rstrip("/"),
+    )
+    senders = AgentSenders(settings, agents)
+    try:
+        outbox = OutboxSender(database.pool, senders, base_backoff=0.01)
+        for _ in range(3):  # one chat: its parts go out one after another
+            await outbox.send_due()
+    finally:
+        await senders.close()
+        await twilio.close()
+    assert fake.bodies == ["Hello from own"]
+    rows = await database.pool.fetch(
+        "SELECT a.slug, o.status, o.error_code FROM outbox o JOIN agents a ON a.id = o.agent_id"
+    )
+    outcome = {r["slug"]: (r["status"], r["error_code"]) for r in rows}
+    assert outcome["own"] == ("sent", None)
+    assert outcome["other"][0] == "failed"  # Twilio refused that account: recorded, not retried
+    assert outcome["plain"][0] == "failed"
