@@ -189,14 +189,19 @@ def test_worker_runs_until_sigterm(tmp_path: Path, database_url: str) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    assert process.stdout is not None
-    for line in process.stdout:
-        if "worker.started" in line:
-            break
-    else:
-        raise AssertionError("the worker never said it started")
-    process.send_signal(signal.SIGTERM)
-    rest, _ = process.communicate(timeout=30)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if "worker.started" in line:
+                break
+        else:
+            raise AssertionError("the worker never said it started")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:  # never leave a worker behind, whatever failed
+            process.kill()
+            process.wait()
     assert process.returncode == 0
     assert "worker.stopped" in rest
 
