@@ -32,6 +32,21 @@ def _pattern_matches(pattern: str, text: str) -> bool:
         return False
 
 
+# Curated questions change rarely and are asked about on every turn: embed each text once.
+_QUESTION_VECTORS: dict[tuple[str, str], NDArray[np.float32]] = {}
+_MAX_REMEMBERED = 10_000
+
+
+async def _question_vectors(texts: Sequence[str], embedder: Embedder) -> NDArray[np.float32]:
+    missing = [t for t in dict.fromkeys(texts) if (embedder.name, t) not in _QUESTION_VECTORS]
+    if missing:
+        if len(_QUESTION_VECTORS) + len(missing) > _MAX_REMEMBERED:
+            _QUESTION_VECTORS.clear()
+        for text, vector in zip(missing, await embedder.embed(missing), strict=True):
+            _QUESTION_VECTORS[(embedder.name, text)] = vector
+    return np.vstack([_QUESTION_VECTORS[(embedder.name, t)] for t in texts])
+
+
 async def match_curated(
     question: str,
     question_vector: NDArray[np.float32] | None,
@@ -48,7 +63,7 @@ async def match_curated(
     with_questions = [a for a in answers if a.question.strip()]
     if not with_questions:
         return None
-    vectors = await embedder.embed([a.question for a in with_questions])
+    vectors = await _question_vectors([a.question for a in with_questions], embedder)
     if question_vector is None:
         question_vector = (await embedder.embed([question]))[0]
     similarities = vectors @ question_vector

@@ -22,6 +22,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from core.answer.pipeline import AnswerPipeline
+from core.store.agents import Agents
 from core.store.conversations import Conversations, TurnRecord, discard_turn
 from core.store.inbox import InboxRow
 from core.store.outbox import enqueue
@@ -126,6 +127,7 @@ class InboxWorker:
         self._pool = pool
         self._pipeline = pipeline
         self._conversations = Conversations(pool)
+        self._agents = Agents(pool)
         self._burst = burst_window
         self._lease = lease
         self._concurrency = concurrency
@@ -310,24 +312,19 @@ class InboxWorker:
 
     async def _reply(self, claim: _Claim) -> _Reply:
         first = claim.first
-        agent = await self._pool.fetchrow(
-            "SELECT slug, settings, default_language FROM agents WHERE id = $1", first.agent_id
-        )
-        if agent is None:
-            raise LookupError(f"agent {first.agent_id} is gone")
+        agent = await self._agents.by_id(first.agent_id)
         texts = [text for row in claim.rows if (text := _text(row))]
         questions = [t for t in texts if not (first.channel == "telegram" and _is_start(t))]
         if not questions:
             if texts:  # only /start
-                settings = agent["settings"] or {}
-                welcome = str(settings.get("welcome_text") or DEFAULT_WELCOME)
+                welcome = str(agent.settings.get("welcome_text") or DEFAULT_WELCOME)
                 return await self._canned(claim, texts[-1], welcome, None)
-            language = await self._language(claim, agent["default_language"])
+            language = await self._language(claim, agent.default_language)
             answer = TEXT_ONLY_REPLIES.get(language, TEXT_ONLY_REPLIES["en"])
             return await self._canned(claim, MEDIA_QUESTION, answer, language)
         question = "\n".join(questions)[-MAX_MESSAGE_CHARS:]
         request = TurnRequest(
-            agent=agent["slug"],
+            agent=agent.slug,
             channel=first.channel,  # type: ignore[arg-type]  # only durable channels get here
             conversation_key=first.conversation_key,
             text=question,
