@@ -367,12 +367,8 @@ class InboxWorker:
             sender = message.get("from")
             if isinstance(sender, Mapping) and sender.get("language_code"):
                 return _base_language(str(sender["language_code"]))
-        known = await self._pool.fetchval(
-            """SELECT language FROM conversations
-                WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3""",
-            claim.first.agent_id,
-            claim.first.channel,
-            claim.first.conversation_key,
+        known = await self._conversations.language(
+            claim.first.agent_id, claim.first.channel, claim.first.conversation_key
         )
         return _base_language(str(known or default))
 

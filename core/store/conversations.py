@@ -59,6 +59,17 @@ class Conversations:
         )
         return found
 
+    async def language(self, agent_id: int, channel: str, key: str) -> str | None:
+        """The language the conversation has been held in so far, if any."""
+        found: str | None = await self._pool.fetchval(
+            """SELECT language FROM conversations
+                WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3""",
+            agent_id,
+            channel,
+            key,
+        )
+        return found
+
     async def recent(self, conversation_id: int, limit: int = 12) -> list[StoredMessage]:
         """The last messages of the current generation, oldest first."""
         rows = await self._pool.fetch(
