@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         None, validation_alias=_env("TELEGRAM_WEBHOOK_SECRET", "telegram_webhook_secret")
     )
     telegram_api_base: HttpUrl = "https://api.telegram.org"
+    # Conversations one worker process answers at once (`parley worker --concurrency N`).
+    worker_concurrency: int = Field(8, ge=1, le=256)
+    # WhatsApp / Telegram messages of one chat this close together are answered as one turn.
+    burst_window_seconds: float = Field(2.0, ge=0, le=60)
+    # A message arriving while its chat's reply is made: drop that reply, answer both at once.
+    redo_when_superseded: bool = True
 
     @property
     def llm_configured(self) -> bool:

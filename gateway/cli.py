@@ -42,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve.register(commands)
-    commands.add_parser("worker", help="run the background services without HTTP")
+    worker = commands.add_parser("worker", help="run the background services without HTTP")
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="conversations answered at once (default PARLEY_WORKER_CONCURRENCY, 8)",
+    )
     commands.add_parser("migrate", help="apply database migrations and exit")
     agents.register(commands)
     knowledge.register(commands)
@@ -71,6 +77,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "serve":
         serve.serve(args, settings)
     elif args.command == "worker":
+        if args.concurrency is not None:
+            settings = load_settings(worker_concurrency=args.concurrency)
         asyncio.run(run_worker(settings))
     elif args.command == "migrate":
         asyncio.run(_migrate(settings))

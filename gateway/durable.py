@@ -45,7 +45,15 @@ async def run_inbox_worker(runtime: Runtime) -> None:
     )
     typing = {"telegram": typing_sender.keep_typing} if typing_sender is not None else {}
     try:
-        await InboxWorker(pool, pipeline, splitters=splitters, typing=typing).run()
+        await InboxWorker(
+            pool,
+            pipeline,
+            burst_window=settings.burst_window_seconds,
+            concurrency=settings.worker_concurrency,
+            redo_when_superseded=settings.redo_when_superseded,
+            splitters=splitters,
+            typing=typing,
+        ).run()
     finally:
         await close_chat_model(chat)
         if typing_sender is not None:

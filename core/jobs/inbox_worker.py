@@ -15,16 +15,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from core.answer.pipeline import AnswerPipeline
 from core.store.agents import Agents
-from core.store.conversations import Conversations, TurnRecord, discard_turn
-from core.store.inbox import InboxRow
+from core.store.conversations import Conversations, TurnRecord, discard_turn, reply_message_id
+from core.store.inbox import InboxClaim, InboxLeases, InboxRow, complete, newer_waiting, put_back
 from core.store.outbox import enqueue
 from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
 
@@ -55,43 +53,13 @@ TEXT_ONLY_REPLIES: Mapping[str, str] = {
 DEFAULT_WELCOME = "Hi! Ask me anything and I will do my best to help."
 MEDIA_QUESTION = "[media]"  # what the conversation shows for a message without text
 
-_CLAIMABLE = "(status = 'pending' OR (status = 'processing' AND lease_until < now()))"
-_ROW_COLUMNS = ", ".join(InboxRow.__dataclass_fields__)
-
 
 class _LeaseLost(Exception):
     """Another worker took the rows over after this worker's lease ended."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Claim:
-    rows: tuple[InboxRow, ...]
-    lease_until: datetime  # the fencing token: whoever holds the rows' lease_until owns them
-
-    @property
-    def ids(self) -> list[int]:
-        return [row.id for row in self.rows]
-
-    @property
-    def first(self) -> InboxRow:
-        return self.rows[0]
-
-
 class _Superseded(Exception):
     """A newer message of the conversation arrived while the reply was being made."""
-
-
-async def _newer_waiting(conn: Any, first: InboxRow, claimed: list[int]) -> bool:
-    newer: bool = await conn.fetchval(
-        """SELECT EXISTS (SELECT 1 FROM inbox
-                           WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
-                             AND status = 'pending' AND NOT (id = ANY($4::bigint[])))""",
-        first.agent_id,
-        first.channel,
-        first.conversation_key,
-        claimed,
-    )
-    return newer
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +94,7 @@ class InboxWorker:
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
+        self._leases = InboxLeases(pool)
         self._conversations = Conversations(pool)
         self._agents = Agents(pool)
         self._burst = burst_window
@@ -164,76 +133,16 @@ class InboxWorker:
         await self._answer(claim)
         return True
 
-    # -- claiming -------------------------------------------------------------------------
-
-    async def _claim(self) -> _Claim | None:
-        async with self._pool.acquire() as conn, conn.transaction():
-            # Conversations whose newest waiting message is older than the burst window.
-            candidates = await conn.fetch(
-                f"""SELECT agent_id, channel, conversation_key FROM inbox
-                     WHERE {_CLAIMABLE}
-                     GROUP BY agent_id, channel, conversation_key
-                    HAVING max(received_at) <= now() - make_interval(secs => $1)
-                     ORDER BY min(received_at)
-                     LIMIT 10""",
-                self._burst,
-            )
-            for candidate in candidates:
-                claim = await self._claim_conversation(conn, *candidate.values())
-                if claim is not None:
-                    return claim
-        return None
-
-    async def _claim_conversation(
-        self, conn: PoolConnectionProxy[Any], agent_id: int, channel: str, key: str
-    ) -> _Claim | None:
-        # Row locks alone cannot keep two workers off one conversation (each could lock a
-        # different message of it); a per-conversation lock, held to commit, can.
-        locked = await conn.fetchval(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
-            f"inbox:{agent_id}:{channel}:{key}",
+    async def _claim(self) -> InboxClaim | None:
+        return await self._leases.claim(
+            quiet_for=self._burst, lease=self._lease, max_rows=self._max_rows
         )
-        if not locked:
-            return None
-        busy = await conn.fetchval(
-            """SELECT EXISTS (SELECT 1 FROM inbox
-                WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
-                  AND status = 'processing' AND lease_until >= now())""",
-            agent_id,
-            channel,
-            key,
-        )
-        if busy:
-            return None
-        rows = await conn.fetch(
-            f"""SELECT {_ROW_COLUMNS} FROM inbox
-                 WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3 AND {_CLAIMABLE}
-                 ORDER BY received_at, id
-                 LIMIT $4
-                 FOR UPDATE SKIP LOCKED""",
-            agent_id,
-            channel,
-            key,
-            self._max_rows,
-        )
-        if not rows:
-            return None
-        ids = [r["id"] for r in rows]
-        lease_until: datetime = await conn.fetchval(
-            """UPDATE inbox SET status = 'processing',
-                                lease_until = now() + make_interval(secs => $2)
-                WHERE id = ANY($1::bigint[])
-            RETURNING lease_until""",
-            ids,
-            self._lease,
-        )
-        return _Claim(tuple(InboxRow(**dict(r)) for r in rows), lease_until)
 
     # -- answering ------------------------------------------------------------------------
 
-    async def _answer(self, claim: _Claim) -> None:
+    async def _answer(self, claim: InboxClaim) -> None:
         first = claim.first
-        holder: list[_Claim] = [claim]
+        holder: list[InboxClaim] = [claim]
         stop = asyncio.Event()
         heartbeat = asyncio.create_task(self._keep_lease(holder, stop))
         indicator = self._typing.get(first.channel)
@@ -279,7 +188,7 @@ class InboxWorker:
         )
 
     async def _reply_while_typing(
-        self, claim: _Claim, answered: asyncio.Event, typing: asyncio.Task[None] | None
+        self, claim: InboxClaim, answered: asyncio.Event, typing: asyncio.Task[None] | None
     ) -> _Reply:
         try:
             return await self._reply(claim)
@@ -289,7 +198,7 @@ class InboxWorker:
                 # The indicator is a courtesy: its failures never fail the turn.
                 await asyncio.gather(typing, return_exceptions=True)
 
-    async def _keep_lease(self, holder: list[_Claim], stop: asyncio.Event) -> None:
+    async def _keep_lease(self, holder: list[InboxClaim], stop: asyncio.Event) -> None:
         """Extends the lease while a long turn runs, so no other worker takes the rows."""
         while True:
             try:
@@ -297,20 +206,12 @@ class InboxWorker:
                 return
             except TimeoutError:
                 pass
-            claim = holder[0]
-            renewed: datetime | None = await self._pool.fetchval(
-                """UPDATE inbox SET lease_until = now() + make_interval(secs => $3)
-                    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
-                RETURNING lease_until""",
-                claim.ids,
-                claim.lease_until,
-                self._lease,
-            )
+            renewed = await self._leases.renew(holder[0], self._lease)
             if renewed is None:
                 return
-            holder[0] = _Claim(claim.rows, renewed)
+            holder[0] = renewed
 
-    async def _reply(self, claim: _Claim) -> _Reply:
+    async def _reply(self, claim: InboxClaim) -> _Reply:
         first = claim.first
         agent = await self._agents.by_id(first.agent_id)
         texts = [text for row in claim.rows if (text := _text(row))]
@@ -338,7 +239,7 @@ class InboxWorker:
         return _Reply(outcome.answer, outcome.conversation_id, outcome.turn_id)
 
     async def _canned(
-        self, claim: _Claim, question: str, answer: str, language: str | None
+        self, claim: InboxClaim, question: str, answer: str, language: str | None
     ) -> _Reply:
         first = claim.first
         saved = await self._conversations.save_turn(
@@ -360,7 +261,7 @@ class InboxWorker:
         )
         return _Reply(answer, saved.conversation_id, saved.turn_id)
 
-    async def _language(self, claim: _Claim, default: str) -> str:
+    async def _language(self, claim: InboxClaim, default: str) -> str:
         """The visitor's language: Telegram's setting, else the conversation's, else the agent's."""
         message = claim.rows[-1].payload.get("message")
         if isinstance(message, Mapping):
@@ -372,7 +273,7 @@ class InboxWorker:
         )
         return _base_language(str(known or default))
 
-    async def _finish(self, claim: _Claim, reply: _Reply) -> None:
+    async def _finish(self, claim: InboxClaim, reply: _Reply) -> None:
         """The reply's parts into the outbox and the rows done, together or not at all."""
         first = claim.first
         split = self._splitters.get(first.channel)
@@ -380,23 +281,11 @@ class InboxWorker:
         if await self._superseded(claim, reply):
             raise _Superseded()
         async with self._pool.acquire() as conn, conn.transaction():
-            done = await conn.fetch(
-                """UPDATE inbox SET status = 'done', processed_at = now(), lease_until = NULL,
-                                    error = NULL
-                    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
-                RETURNING id""",
-                claim.ids,
-                claim.lease_until,
-            )
-            if len(done) != len(claim.rows):
+            if not await complete(conn, claim):
                 raise _LeaseLost()
             message_id = None
             if reply.turn_id is not None:
-                message_id = await conn.fetchval(
-                    """SELECT id FROM messages WHERE turn_id = $1 AND role = 'assistant'
-                        ORDER BY id DESC LIMIT 1""",
-                    reply.turn_id,
-                )
+                message_id = await reply_message_id(conn, reply.turn_id)
             await enqueue(
                 conn,
                 agent_id=first.agent_id,
@@ -407,42 +296,23 @@ class InboxWorker:
                 message_id=message_id,
             )
 
-    async def _superseded(self, claim: _Claim, reply: _Reply) -> bool:
+    async def _superseded(self, claim: InboxClaim, reply: _Reply) -> bool:
         """True (and the turn undone) when the visitor wrote again while the reply was made:
         it would answer only part of what they said, so everything is answered together in a
         new turn. The rows go back to waiting, under this worker's lease or not at all."""
         if not self._redo:
             return False
-        first = claim.first
         async with self._pool.acquire() as conn, conn.transaction():
-            if not await _newer_waiting(conn, first, claim.ids):
+            if not await newer_waiting(conn, claim):
                 return False
-            released = await conn.fetch(
-                """UPDATE inbox SET status = 'pending', processed_at = NULL, lease_until = NULL
-                    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
-                RETURNING id""",
-                claim.ids,
-                claim.lease_until,
-            )
-            if len(released) != len(claim.rows):
+            if not await put_back(conn, claim):
                 raise _LeaseLost()
             if reply.turn_id is not None:
                 await discard_turn(conn, reply.turn_id)
         return True
 
-    async def _release(self, claim: _Claim, error: str) -> None:
-        """A failed turn: back to pending for another try, or failed for good."""
-        await self._pool.execute(
-            """UPDATE inbox SET attempts = attempts + 1, lease_until = NULL, error = $3,
-                                status = CASE WHEN attempts + 1 >= $4 THEN 'failed'
-                                              ELSE 'pending' END,
-                                processed_at = CASE WHEN attempts + 1 >= $4 THEN now() END
-                WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2""",
-            claim.ids,
-            claim.lease_until,
-            error[:500],
-            self._max_attempts,
-        )
+    async def _release(self, claim: InboxClaim, error: str) -> None:
+        await self._leases.release(claim, error, self._max_attempts)
 
 
 def _text(row: InboxRow) -> str:

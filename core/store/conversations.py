@@ -159,6 +159,16 @@ async def discard_turn(conn: Any, turn_id: int) -> None:
     await conn.execute("DELETE FROM turns WHERE id = $1", turn_id)
 
 
+async def reply_message_id(conn: Any, turn_id: int) -> int | None:
+    """The stored answer of a turn (what an outbox row delivers)."""
+    found: int | None = await conn.fetchval(
+        """SELECT id FROM messages WHERE turn_id = $1 AND role = 'assistant'
+            ORDER BY id DESC LIMIT 1""",
+        turn_id,
+    )
+    return found
+
+
 async def _add_message(
     conn: Any, conversation_id: int, role: str, text: str, turn_id: int | None, generation: int
 ) -> None:

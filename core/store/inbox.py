@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,24 @@ class InboxRow:
 
 
 _COLUMNS = ", ".join(InboxRow.__dataclass_fields__)
+_CLAIMABLE = "(status = 'pending' OR (status = 'processing' AND lease_until < now()))"
+Connection: TypeAlias = "asyncpg.Connection | PoolConnectionProxy[Any]"
+
+
+@dataclass(frozen=True, slots=True)
+class InboxClaim:
+    """One conversation's waiting rows, held under a lease until ``lease_until``."""
+
+    rows: tuple[InboxRow, ...]
+    lease_until: datetime  # the fencing token: whoever holds the rows' lease_until owns them
+
+    @property
+    def ids(self) -> list[int]:
+        return [row.id for row in self.rows]
+
+    @property
+    def first(self) -> InboxRow:
+        return self.rows[0]
 
 
 class Inbox:
@@ -68,3 +89,149 @@ class Inbox:
             channel,
         )
         return [InboxRow(**dict(r)) for r in rows]
+
+
+class InboxLeases:
+    """Claims waiting conversations under a lease and settles them; the lease is the fence.
+
+    Every write after the claim names the rows *and* the ``lease_until`` it was given, so a
+    worker whose lease ran out (and whose rows another worker took) changes nothing.
+    """
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def claim(self, *, quiet_for: float, lease: float, max_rows: int) -> InboxClaim | None:
+        """The oldest conversation whose newest waiting message is ``quiet_for`` seconds old."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            candidates = await conn.fetch(
+                f"""SELECT agent_id, channel, conversation_key FROM inbox
+                     WHERE {_CLAIMABLE}
+                     GROUP BY agent_id, channel, conversation_key
+                    HAVING max(received_at) <= now() - make_interval(secs => $1)
+                     ORDER BY min(received_at)
+                     LIMIT 10""",
+                quiet_for,
+            )
+            for candidate in candidates:
+                claim = await _claim_conversation(
+                    conn,
+                    candidate["agent_id"],
+                    candidate["channel"],
+                    candidate["conversation_key"],
+                    lease,
+                    max_rows,
+                )
+                if claim is not None:
+                    return claim
+        return None
+
+    async def renew(self, claim: InboxClaim, lease: float) -> InboxClaim | None:
+        """The same claim with a later lease; None when it was lost."""
+        renewed: datetime | None = await self._pool.fetchval(
+            """UPDATE inbox SET lease_until = now() + make_interval(secs => $3)
+                WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
+            RETURNING lease_until""",
+            claim.ids,
+            claim.lease_until,
+            lease,
+        )
+        return None if renewed is None else InboxClaim(claim.rows, renewed)
+
+    async def release(self, claim: InboxClaim, error: str, max_attempts: int) -> None:
+        """A failed turn: back to pending for another try, or failed for good."""
+        await self._pool.execute(
+            """UPDATE inbox SET attempts = attempts + 1, lease_until = NULL, error = $3,
+                                status = CASE WHEN attempts + 1 >= $4 THEN 'failed'
+                                              ELSE 'pending' END,
+                                processed_at = CASE WHEN attempts + 1 >= $4 THEN now() END
+                WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2""",
+            claim.ids,
+            claim.lease_until,
+            error[:500],
+            max_attempts,
+        )
+
+
+async def complete(conn: Connection, claim: InboxClaim) -> bool:
+    """Marks the claimed rows done inside the caller's transaction; False when the lease was
+    lost (the caller then rolls back whatever it wrote with it)."""
+    done = await conn.fetch(
+        """UPDATE inbox SET status = 'done', processed_at = now(), lease_until = NULL, error = NULL
+            WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
+        RETURNING id""",
+        claim.ids,
+        claim.lease_until,
+    )
+    return len(done) == len(claim.rows)
+
+
+async def newer_waiting(conn: Connection, claim: InboxClaim) -> bool:
+    """True when the visitor wrote again after the claimed messages."""
+    first = claim.first
+    newer: bool = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM inbox
+                           WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
+                             AND status = 'pending' AND NOT (id = ANY($4::bigint[])))""",
+        first.agent_id,
+        first.channel,
+        first.conversation_key,
+        claim.ids,
+    )
+    return newer
+
+
+async def put_back(conn: Connection, claim: InboxClaim) -> bool:
+    """The claimed rows waiting again (to be answered with newer ones); False when lost."""
+    released = await conn.fetch(
+        """UPDATE inbox SET status = 'pending', processed_at = NULL, lease_until = NULL
+            WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
+        RETURNING id""",
+        claim.ids,
+        claim.lease_until,
+    )
+    return len(released) == len(claim.rows)
+
+
+async def _claim_conversation(
+    conn: Connection, agent_id: int, channel: str, key: str, lease: float, max_rows: int
+) -> InboxClaim | None:
+    # Row locks alone cannot keep two workers off one conversation (each could lock a
+    # different message of it); a per-conversation lock, held to commit, can.
+    locked = await conn.fetchval(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
+        f"inbox:{agent_id}:{channel}:{key}",
+    )
+    if not locked:
+        return None
+    busy = await conn.fetchval(
+        """SELECT EXISTS (SELECT 1 FROM inbox
+            WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
+              AND status = 'processing' AND lease_until >= now())""",
+        agent_id,
+        channel,
+        key,
+    )
+    if busy:
+        return None
+    rows = await conn.fetch(
+        f"""SELECT {_COLUMNS} FROM inbox
+             WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3 AND {_CLAIMABLE}
+             ORDER BY received_at, id
+             LIMIT $4
+             FOR UPDATE SKIP LOCKED""",
+        agent_id,
+        channel,
+        key,
+        max_rows,
+    )
+    if not rows:
+        return None
+    lease_until: datetime = await conn.fetchval(
+        """UPDATE inbox SET status = 'processing', lease_until = now() + make_interval(secs => $2)
+            WHERE id = ANY($1::bigint[])
+        RETURNING lease_until""",
+        [r["id"] for r in rows],
+        lease,
+    )
+    return InboxClaim(tuple(InboxRow(**dict(r)) for r in rows), lease_until)

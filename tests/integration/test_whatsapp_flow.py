@@ -20,6 +20,7 @@ from core.store.knowledge import KnowledgeStore
 from gateway.app import create_app
 from gateway.durable import AgentSenders
 from tests.conftest import MakeSettings
+from tests.fakes.openai import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
 
 VISITOR = "whatsapp:+31612345678"
@@ -185,3 +186,72 @@ async def test_each_agent_sends_with_its_own_twilio_account(
     assert outcome["own"] == ("sent", None)
     assert outcome["other"][0] == "failed"  # Twilio refused that account: recorded, not retried
     assert outcome["plain"][0] == "failed"
+
+
+async def _signed_post(url: str, auth_token: str, fields: dict[str, str]) -> tuple[int, float]:
+    """POST a webhook signed the way Twilio signs it; the status and the seconds it took."""
+    signature = RequestValidator(auth_token).compute_signature(url, fields)
+    started = time.monotonic()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=fields, headers={"X-Twilio-Signature": signature}) as response,
+    ):
+        await response.read()
+        return response.status, time.monotonic() - started
+
+
+async def test_webhooks_are_acknowledged_at_once_while_the_model_takes_30_seconds(
+    make_settings: MakeSettings, database: Database, use_embedder: UseEmbedder, tmp_path: Path
+) -> None:
+    agent = await Agents(database.pool).create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    path = tmp_path / "pages.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PAGES), encoding="utf-8")
+    await Ingestor(KnowledgeStore(database.pool), use_embedder).ingest(
+        agent, parse_source(str(path))
+    )
+    llm = FakeOpenAI(first_token_delay=30.0)
+    llm_server = TestServer(llm.app())
+    await llm_server.start_server()
+    fake = FakeTwilio()
+    twilio = TestServer(fake.app())
+    await twilio.start_server()
+    settings = make_settings(
+        llm_base_url=str(llm_server.make_url("/v1")),
+        llm_api_key="sk-test",
+        twilio_account_sid=fake.account_sid,
+        twilio_auth_token=fake.auth_token,
+        twilio_whatsapp_from="whatsapp:+14155238886",
+        twilio_api_base=str(twilio.make_url("")).rstrip("/"),
+        burst_window_seconds=0.0,
+    )
+    gateway = TestServer(create_app(settings, background=True))
+    await gateway.start_server()
+    url = str(gateway.make_url("/webhooks/twilio/shop"))
+
+    def message(number: int, sender: str) -> dict[str, str]:
+        return {"MessageSid": f"SM{number:032d}", "AccountSid": fake.account_sid, "From": sender,
+                "To": "whatsapp:+14155238886", "Body": "How long can I return something?",
+                "NumMedia": "0"}  # fmt: skip
+
+    try:
+        status, first = await _signed_post(url, fake.auth_token, message(1, VISITOR))
+        assert status == 200
+        for _ in range(200):  # the worker has claimed the message and is waiting on the model
+            if llm.streams_started:
+                break
+            await asyncio.sleep(0.05)
+        assert llm.streams_started == 1
+        timings = [first]
+        for number in range(2, 12):  # other customers write while that answer is generated
+            status, took = await _signed_post(
+                url, fake.auth_token, message(number, f"whatsapp:+3161234{number:04d}")
+            )
+            assert status == 200
+            timings.append(took)
+        assert max(timings) < 1.0, timings
+        assert await database.pool.fetchval("SELECT count(*) FROM inbox") == 11
+        assert fake.messages == []  # nothing was answered yet: the model is still thinking
+    finally:
+        await gateway.close()
+        await twilio.close()
+        await llm_server.close()
