@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from aiohttp import web
@@ -9,17 +10,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from channels.web import parse_body
 from core.answer.pipeline import AnswerPipeline
-from core.errors import Forbidden, Unauthorized, Unavailable
-from core.store.agents import Agents
+from core.errors import Forbidden, InvalidInput, NotFound, Unauthorized, Unavailable
+from core.store.agents import Agent, Agents
 from core.store.api_keys import ApiKeys
 from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, PageContext, TurnRequest
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_:.+-]{1,200}$")
 
 
 class TurnBody(BaseModel):
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
-    session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_:.+-]{1,200}$")
+    session_id: str | None = Field(None, pattern=_SESSION_ID.pattern)
     page: PageContext | None = None
     language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")
 
@@ -30,7 +33,8 @@ class ApiChannel:
         self._agents = agents
         self._keys = keys
 
-    async def turn(self, request: web.Request) -> web.Response:
+    async def _agent(self, request: web.Request) -> Agent:
+        """The agent named in the path, when the request carries one of its API keys."""
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not key:
             raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
@@ -38,6 +42,20 @@ class ApiChannel:
         agent = await self._agents.get(request.match_info["agent"])
         if agent.id != agent_id:
             raise Forbidden("this API key belongs to another agent")
+        return agent
+
+    async def clear(self, request: web.Request) -> web.Response:
+        """Forget a conversation's memory (its messages stay for staff); 404 when unknown."""
+        agent = await self._agent(request)
+        key = request.match_info["conversation_key"]
+        if not _SESSION_ID.fullmatch(key):
+            raise InvalidInput("conversation_key: use the session_id the turns were sent with")
+        if not await self._pipeline.memory.clear(agent.id, "api", key):
+            raise NotFound(f"no conversation {key!r} for this agent")
+        return web.Response(status=204)
+
+    async def turn(self, request: web.Request) -> web.Response:
+        agent = await self._agent(request)
         body: TurnBody = parse_body(await request.read(), TurnBody)
         session = body.session_id or uuid.uuid4().hex
         output = CollectingTurnOutput()

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import json
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,10 +15,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.answer.pipeline import AnswerPipeline
-from core.errors import Forbidden, InvalidInput, Unauthorized
+from core.errors import Forbidden, InvalidInput, RateLimited, Unauthorized
 from core.ports import Cache
 from core.store.agents import Agent, Agents
-from core.turns import MAX_MESSAGE_CHARS, PageContext, TurnEvent, TurnRequest
+from core.turns import MAX_MESSAGE_CHARS, PageContext, TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,12 @@ class ChatBody(BaseModel):
     session_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,100}$")
     page: PageContext | None = None
     language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")
+
+
+class ClearBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    session_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,100}$")
 
 
 def sse(event: TurnEvent) -> bytes:
@@ -117,22 +124,26 @@ class WebChannel:
         }
         return web.Response(status=204, headers=headers)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        agent = await self._agents.get(request.match_info["agent"])
+    def admit(self, agent: Agent, request: web.Request, key: str, where: str) -> dict[str, str]:
+        """The widget's checks: the page's origin (when the browser sends one) is allowed and
+        ``key`` (read from ``where``) is the agent's; returns the CORS headers to answer with."""
         origin = request.headers.get("Origin")
         if origin is not None and not self._allowed(agent, origin, request):
             raise Forbidden("this website is not allowed to use this agent's widget")
         request[ERROR_HEADERS] = self._cors(origin)
-        key = request.headers.get("X-Parley-Key", "")
         if not hmac.compare_digest(key.encode(), agent.widget_key.encode()):
-            raise Unauthorized("missing or wrong widget key (X-Parley-Key)")
+            raise Unauthorized(f"missing or wrong widget key ({where})")
+        return self._cors(origin)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        agent = await self._agents.get(request.match_info["agent"])
+        origin = request.headers.get("Origin")
+        self.admit(agent, request, request.headers.get("X-Parley-Key", ""), "X-Parley-Key")
         body: ChatBody = parse_body(await request.read(), ChatBody)
         limited = await self._rate_limited(agent, body.session_id, request.remote or "unknown")
         if limited is not None:
             return self._too_many(limited, origin)
 
-        response = web.StreamResponse(headers=_SSE_HEADERS | self._cors(origin))
-        await response.prepare(request)
         turn = TurnRequest(
             agent=agent.slug,
             channel="web",
@@ -142,9 +153,23 @@ class WebChannel:
             language=body.language,
             writing_rule=WRITING_RULE,
         )
+        return await self.stream(request, turn, headers=self._cors(origin))
+
+    async def stream(
+        self,
+        request: web.Request,
+        turn: TurnRequest,
+        *,
+        headers: Mapping[str, str] | None = None,
+        output: Callable[[web.StreamResponse], TurnOutput] = SseTurnOutput,
+    ) -> web.StreamResponse:
+        """Answer ``turn`` as an SSE stream (the widget, and the staff playground, which
+        passes an ``output`` of its own to add events)."""
+        response = web.StreamResponse(headers=_SSE_HEADERS | dict(headers or {}))
+        await response.prepare(request)
         # The turn runs in a task of its own: should the server cancel this handler when the
         # visitor goes away, the turn still stops its LLM stream and saves what was said.
-        task = asyncio.create_task(self._pipeline.run(turn, SseTurnOutput(response)))
+        task = asyncio.create_task(self._pipeline.run(turn, output(response)))
         self._turns.add(task)
         task.add_done_callback(self._turns.discard)
         await asyncio.shield(task)
@@ -152,6 +177,18 @@ class WebChannel:
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
         return response
+
+    async def clear(self, request: web.Request) -> web.Response:
+        """The widget's "new conversation": the old session's memory is forgotten (its
+        messages stay for staff). 204 whether or not the session had a conversation."""
+        agent = await self._agents.get(request.match_info["agent"])
+        cors = self.admit(agent, request, request.headers.get("X-Parley-Key", ""), "X-Parley-Key")
+        body: ClearBody = parse_body(await request.read(), ClearBody)
+        limited = await self._rate_limited(agent, body.session_id, request.remote or "unknown")
+        if limited is not None:
+            raise RateLimited("too many requests; please wait a moment", limited)
+        await self._pipeline.memory.clear(agent.id, "web", body.session_id)
+        return web.Response(status=204, headers=cors)
 
     async def _rate_limited(self, agent: Agent, session: str, ip: str) -> float | None:
         """Seconds to wait when the session or the address is over its budget, else None."""

@@ -7,7 +7,8 @@ The hierarchy::
     │   └── EmbedderMismatch        the configured embedder differs from an agent's index
     ├── Unavailable                 a backing service cannot be reached
     │   ├── StoreUnavailable        PostgreSQL
-    │   └── CacheUnavailable        Redis
+    │   ├── CacheUnavailable        Redis
+    │   └── AdminDisabled           no admin token and no staff account: nobody can sign in
     ├── InvalidInput                a request or a command argument is malformed
     ├── NotFound                    something named does not exist
     │   └── AgentNotFound
@@ -51,6 +52,10 @@ class StoreUnavailable(Unavailable):
 
 class CacheUnavailable(Unavailable):
     code = "cache_unavailable"
+
+
+class AdminDisabled(Unavailable):
+    code = "admin_disabled"
 
 
 class InvalidInput(ParleyError):

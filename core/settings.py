@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,23 @@ def _telegram_secret(value: SecretStr) -> SecretStr:
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
+JobName = Literal["summaries", "recrawl", "answer-checks", "retention", "outbox-sweep"]
+JOB_NAMES: tuple[JobName, ...] = get_args(JobName)
+
+
+def _job_schedule(value: str) -> str:
+    if not re.fullmatch(r"off|every\s+[1-9]\d*\s*[smh]|([01]\d|2[0-3]):[0-5]\d", value.strip()):
+        raise ValueError(f"schedule {value!r}: expected 'every 5m', 'HH:MM' or 'off'")
+    return value.strip()
+
+
+def _time_zone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"{value!r} is not an IANA time zone such as Europe/Amsterdam") from None
+    return value
+
 
 def _env(*names: str) -> AliasChoices:
     """Accept the environment names given, and the field name for `Settings(...)` in code."""
@@ -66,6 +84,8 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535)
     public_url: HttpUrl | None = None
     admin_token: SecretStr | None = None
+    # How long a staff console sign-in lasts before the password (or token) is asked again.
+    admin_session_hours: float = Field(12.0, gt=0, le=24 * 30)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     llm_base_url: HttpUrl | None = None
@@ -75,6 +95,9 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     rewrite_model: str | None = None
     rewrite_timeout_ms: int = Field(1500, ge=50, le=30000)
+    # Conversation summaries (core/memory): default model is the rewrite model, else the main.
+    summary_model: str | None = None
+    summary_timeout_ms: int = Field(8000, ge=100, le=60000)
 
     embed_provider: Literal["use", "openai"] = "use"
     embed_model: str | None = None
@@ -104,6 +127,19 @@ class Settings(BaseSettings):
     burst_window_seconds: float = Field(2.0, ge=0, le=60)
     # A message arriving while its chat's reply is made: drop that reply, answer both at once.
     redo_when_superseded: bool = True
+
+    # Scheduled jobs (core/jobs/scheduler.py): PARLEY_JOBS=off runs none in this process.
+    jobs: bool = True
+    # Re-crawl at this time, retention 30 and answer checks 60 minutes later, in
+    # PARLEY_JOBS_TIMEZONE (default: the server's own time zone, whatever the agents').
+    nightly_at: str = Field("03:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
+    jobs_timezone: Annotated[str, AfterValidator(_time_zone)] | None = None
+    # Per-job override, JSON: {"recrawl": "04:30", "summaries": "every 2m", "retention": "off"}.
+    job_schedules: dict[JobName, Annotated[str, AfterValidator(_job_schedule)]] = Field(
+        default_factory=dict
+    )
+    # Conversations whose last message is older are deleted nightly; 0 keeps them forever.
+    retention_days: int = Field(90, ge=0)
 
     @property
     def llm_configured(self) -> bool:

@@ -12,8 +12,10 @@ from channels.api import ApiChannel
 from channels.telegram import TelegramChannel
 from channels.twilio import TwilioChannel
 from channels.web import WebChannel
+from channels.web_events import WidgetEvents
 from core.answer.factory import build_pipeline
 from core.cache import open_cache
+from core.handoff import ConversationFeed, Handoff
 from core.llm.openai_chat import close_chat_model, open_chat_model
 from core.retrieval.embedders import EmbedderIdentity, close_embedder, open_embedder
 from core.settings import Settings
@@ -23,18 +25,23 @@ from core.store.inbox import Inbox
 from core.store.outbox import Outbox
 from core.store.vector_index import check_embedders
 from gateway import health, routes
+from gateway.admin.setup import setup_admin
 from gateway.demo import DemoSite, demo_routes, widget_routes
+from gateway.durable import reply_splitters
 from gateway.keys import (
     API_CHANNEL,
     CACHE,
+    CONVERSATION_FEED,
     DATABASE,
     EMBEDDER,
+    HANDOFF,
     HTTP,
     METRICS,
     SETTINGS,
     TELEGRAM_CHANNEL,
     TWILIO_CHANNEL,
     WEB_CHANNEL,
+    WIDGET_EVENTS,
 )
 from gateway.metrics import HttpMetrics
 from gateway.middlewares import errors, metrics, request_context
@@ -47,6 +54,8 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024
 # How long turns still streaming at shutdown get to finish and be saved.
 TURN_DRAIN_SECONDS = 10.0
+# Then summaries still being written get this long; the catch-up job does the rest.
+SUMMARY_DRAIN_SECONDS = 5.0
 # Agents are looked up on every turn; a changed setting applies within this many seconds.
 AGENT_FRESH_SECONDS = 5.0
 # Connections for the gateway: a turn may hold two at once (vector and full-text search).
@@ -84,6 +93,21 @@ async def _http_session(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _handoff(app: web.Application) -> AsyncIterator[None]:
+    """The feed that brings staff replies to open widgets, from whichever gateway process."""
+    database = app[DATABASE]
+    feed = ConversationFeed(database.pool, database.url)
+    await feed.start()
+    app[CONVERSATION_FEED] = feed
+    yield
+    await feed.close()
+
+
+async def _end_streams(app: web.Application) -> None:
+    # Before the server waits for open requests: live widget streams would never finish.
+    await app[CONVERSATION_FEED].close()
+
+
 async def _channels(app: web.Application) -> AsyncIterator[None]:
     """The answer pipeline and the HTTP channels that hand turns to it."""
     settings = app[SETTINGS]
@@ -93,12 +117,15 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     pipeline = build_pipeline(settings, pool, app[CACHE], app[EMBEDDER], app[HTTP], chat, agents)
     app[WEB_CHANNEL] = WebChannel(pipeline, agents, app[CACHE], settings.public_url)
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
+    app[WIDGET_EVENTS] = WidgetEvents(app[WEB_CHANNEL], agents, app[CACHE], app[CONVERSATION_FEED])
+    app[HANDOFF] = Handoff(pool, splitters=reply_splitters(), memory=pipeline.memory)
     inbox = Inbox(pool)
     app[TWILIO_CHANNEL] = TwilioChannel(agents, inbox, Outbox(pool), settings)
     app[TELEGRAM_CHANNEL] = TelegramChannel(agents, inbox, settings)
     log.info("gateway.answering mode=%s", "llm" if chat else "extractive")
     yield
     await app[WEB_CHANNEL].drain(within=TURN_DRAIN_SECONDS)
+    await pipeline.memory.drain(within=SUMMARY_DRAIN_SECONDS)
     if chat is not None:
         await close_chat_model(chat)
 
@@ -131,7 +158,9 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
-    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _channels])
+    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _handoff, _channels])
+    app.on_shutdown.append(_end_streams)
+    setup_admin(app)
     if background:
         app.cleanup_ctx.append(_services)
     app.cleanup_ctx.append(_announce)

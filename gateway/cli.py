@@ -12,7 +12,7 @@ from core.errors import ParleyError
 from core.logcontext import configure_logging
 from core.settings import Settings, load_settings
 from core.store import open_database
-from gateway.commands import agents, answers, knowledge, search, serve, telegram
+from gateway.commands import agents, answers, jobs, knowledge, search, serve, staff, telegram
 from gateway.runtime import Runtime, open_runtime
 from gateway.worker import run_worker
 
@@ -31,6 +31,8 @@ _RUNTIME_COMMANDS: dict[str, tuple[Command, bool]] = {
     "ask": (answers.ask, True),
     "key": (answers.key, True),
     "telegram": (telegram.run, False),
+    "jobs": (jobs.run, True),
+    "staff": (staff.run, False),
 }
 
 
@@ -55,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     search.register(commands)
     answers.register(commands)
     telegram.register(commands)
+    jobs.register(commands)
+    staff.register(commands)
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from channels.credentials import (
@@ -21,6 +22,16 @@ from core.store.agents import Agent, Agents
 from gateway.runtime import Runtime
 
 AGENT_FRESH_SECONDS = 30.0
+# Summaries still being written at shutdown get this long; the catch-up job does the rest.
+SUMMARY_DRAIN_SECONDS = 5.0
+
+
+def reply_splitters() -> dict[str, Callable[[str], Sequence[str]]]:
+    """How a reply is cut into messages per channel (for the inbox worker and staff replies)."""
+    return {
+        "whatsapp": lambda text: split_message(text, TwilioSender.limit),
+        "telegram": lambda text: split_message(text, TelegramSender.limit),
+    }
 
 
 async def run_inbox_worker(runtime: Runtime) -> None:
@@ -31,10 +42,7 @@ async def run_inbox_worker(runtime: Runtime) -> None:
     pipeline = build_pipeline(
         settings, pool, runtime.cache, runtime.embedder, runtime.http, chat, agents
     )
-    splitters = {
-        "whatsapp": lambda text: split_message(text, TwilioSender.limit),
-        "telegram": lambda text: split_message(text, TelegramSender.limit),
-    }
+    splitters = reply_splitters()
     typing_sender = (
         TelegramSender(
             settings.telegram_bot_token.get_secret_value(),
@@ -53,8 +61,10 @@ async def run_inbox_worker(runtime: Runtime) -> None:
             redo_when_superseded=settings.redo_when_superseded,
             splitters=splitters,
             typing=typing,
+            memory=pipeline.memory,
         ).run()
     finally:
+        await pipeline.memory.drain(within=SUMMARY_DRAIN_SECONDS)
         await close_chat_model(chat)
         if typing_sender is not None:
             await typing_sender.close()

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import aiohttp
+import jinja2
 from aiohttp import web
 
 from channels.api import ApiChannel
 from channels.telegram import TelegramChannel
 from channels.twilio import TwilioChannel
 from channels.web import WebChannel
+from channels.web_events import WidgetEvents
+from core.handoff import ConversationFeed, Handoff
 from core.ports import Cache, Embedder
 from core.settings import Settings
 from core.store import Database
+from gateway.admin.services import AdminServices
 from gateway.metrics import HttpMetrics
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -24,3 +28,8 @@ WEB_CHANNEL = web.AppKey("web_channel", WebChannel)
 API_CHANNEL = web.AppKey("api_channel", ApiChannel)
 TWILIO_CHANNEL = web.AppKey("twilio_channel", TwilioChannel)
 TELEGRAM_CHANNEL = web.AppKey("telegram_channel", TelegramChannel)
+CONVERSATION_FEED = web.AppKey("conversation_feed", ConversationFeed)
+HANDOFF = web.AppKey("handoff", Handoff)
+WIDGET_EVENTS = web.AppKey("widget_events", WidgetEvents)
+ADMIN = web.AppKey("admin", AdminServices)
+CONSOLE_TEMPLATES = web.AppKey("console_templates", jinja2.Environment)

@@ -15,6 +15,7 @@ from typing import Any
 from core.settings import Settings
 from gateway.durable import run_inbox_worker, run_outbox_sender
 from gateway.runtime import Runtime, open_runtime
+from gateway.scheduled import run_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ Service = Callable[[Runtime], Coroutine[Any, Any, None]]
 SERVICES: dict[str, Service] = {
     "inbox": run_inbox_worker,
     "outbox": run_outbox_sender,
+    "jobs": run_scheduler,
 }
 
 

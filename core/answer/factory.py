@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
+
 import aiohttp
 import asyncpg
 
 from core.answer.pipeline import AnswerPipeline, PipelineConfig
 from core.answer.rewrite import QueryRewriter
+from core.memory import build_memory
 from core.ports import Cache, ChatModel, Embedder
 from core.retrieval.retriever import build_retriever
 from core.settings import Settings
 from core.store.agents import Agents
 from core.store.conversations import Conversations
 from core.store.curated import CuratedAnswers
+from core.store.handoff import HandoffStore
 
 
 def build_pipeline(
@@ -23,6 +28,7 @@ def build_pipeline(
     session: aiohttp.ClientSession,
     chat: ChatModel | None,
     agents: Agents | None = None,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> AnswerPipeline:
     config = PipelineConfig(
         rewrite_model=settings.rewrite_model, rewrite_timeout_ms=settings.rewrite_timeout_ms
@@ -30,6 +36,7 @@ def build_pipeline(
     return AnswerPipeline(
         agents=agents or Agents(pool),
         conversations=Conversations(pool),
+        memory=build_memory(settings, pool, cache, chat),
         curated=CuratedAnswers(pool),
         retriever=build_retriever(settings, pool, embedder, cache, session),
         embedder=embedder,
@@ -38,4 +45,6 @@ def build_pipeline(
             chat, cache, model=settings.rewrite_model, timeout_ms=settings.rewrite_timeout_ms
         ),
         config=config,
+        clock=clock,
+        handoff=HandoffStore(pool),
     )

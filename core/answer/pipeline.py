@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.answer.curated import match_curated
+from core.answer.escalation import HandoffPolicy, asks_for_person
 from core.answer.gaps import gap_reason
 from core.answer.guard import StreamGuard, refusal
 from core.answer.postprocess import postprocess
@@ -19,11 +20,13 @@ from core.answer.rewrite import QueryRewriter
 from core.errors import Unavailable
 from core.knowledge.locale import detect_language, language_of
 from core.llm.extractive import extractive_answer
+from core.memory import ConversationMemory
 from core.ports import ChatModel, Embedder, Usage
 from core.retrieval.retriever import Hit, RetrievalQuery, RetrievalResult, Retriever
 from core.store.agents import Agent, Agents
-from core.store.conversations import Conversations, TurnRecord, as_history
+from core.store.conversations import Conversations, TurnRecord
 from core.store.curated import CuratedAnswers
+from core.store.handoff import REACHABLE, HandoffStore
 from core.turns import TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -32,7 +35,6 @@ NOTHING_RETRIEVED_CONFIDENCE = 0.3
 # Question-to-statement similarity with the bundled encoder is lower than question-to-question
 # (a right sentence scores about 0.3); below this a sentence is not quoted as an answer.
 EXTRACTIVE_MIN_SIMILARITY = 0.28
-HISTORY_MESSAGES = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,7 @@ class AnswerPipeline:
         *,
         agents: Agents,
         conversations: Conversations,
+        memory: ConversationMemory,
         curated: CuratedAnswers,
         retriever: Retriever,
         embedder: Embedder,
@@ -154,9 +157,11 @@ class AnswerPipeline:
         rewriter: QueryRewriter,
         config: PipelineConfig,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        handoff: HandoffStore | None = None,
     ) -> None:
         self._agents = agents
         self._conversations = conversations
+        self._memory = memory
         self._curated = curated
         self._retriever = retriever
         self._embedder = embedder
@@ -164,24 +169,30 @@ class AnswerPipeline:
         self._rewriter = rewriter
         self._config = config
         self._clock = clock
+        self._handoff = handoff
+
+    @property
+    def memory(self) -> ConversationMemory:
+        return self._memory
 
     async def run(self, request: TurnRequest, output: TurnOutput) -> TurnOutcome:
         out = _Output(output)
         trace = _Trace()
         await out.emit(TurnEvent.status("searching"))
         agent = await self._agents.get(request.agent)
+        handed_off = await self._handoff_turn(request, agent, out, trace)
+        if handed_off is not None:
+            return handed_off
         conversation_id = await self._conversations.find(
             agent.id, request.channel, request.conversation_key
         )
-        history = (
-            as_history(await self._conversations.recent(conversation_id, HISTORY_MESSAGES))
-            if conversation_id
-            else []
-        )
+        memory = await self._memory.recall(conversation_id)
+        history = memory.history
         if request.already_saved and history and history[-1] == ("visitor", request.text):
             history = history[:-1]
         language = self._language(request, agent)
         trace.data.update({"query": request.text, "language": language, "channel": request.channel})
+        trace.data["memory"] = memory.describe()
 
         curated = await match_curated(
             request.text, None, await self._curated.enabled(agent.id), self._embedder
@@ -193,7 +204,10 @@ class AnswerPipeline:
 
         step = time.perf_counter()
         rewrite = await self._rewriter.rewrite(
-            f"{agent.id}:{request.channel}:{request.conversation_key}", request.text, history
+            f"{agent.id}:{request.channel}:{request.conversation_key}",
+            request.text,
+            history,
+            summary=memory.summary,
         )
         trace.lap("rewrite", step)
         trace.data.update(
@@ -224,7 +238,9 @@ class AnswerPipeline:
         if self._chat is None:
             generated = await self._extractive(request, agent, sources, language, out)
         else:
-            generated = await self._generate(request, agent, sources, history, language, out, trace)
+            generated = await self._generate(
+                request, agent, sources, history, memory.summary, language, out, trace
+            )
         trace.lap("generate", step)
         if generated.error is not None:
             await out.emit(TurnEvent.error(generated.error, generated.message))
@@ -292,6 +308,7 @@ class AnswerPipeline:
                 },
             )
         )
+        await self._memory.remember(saved.conversation_id, saved.generation, saved.messages)
         return TurnOutcome(
             answer=record.answer,
             mode=record.mode,
@@ -302,6 +319,74 @@ class AnswerPipeline:
             conversation_id=saved.conversation_id,
             turn_id=saved.turn_id,
         )
+
+    async def _handoff_turn(
+        self, request: TurnRequest, agent: Agent, out: _Output, trace: _Trace
+    ) -> TurnOutcome | None:
+        """Staff have the conversation (or the visitor waits for them): the message is kept
+        for staff and the bot says nothing. A visitor asking for a person is told one will
+        come (or when), and the conversation waits for staff. None: the bot answers."""
+        if self._handoff is None or request.channel == "api":
+            return None  # an API caller has no way to hear from staff
+        reachable = request.channel in REACHABLE
+        if reachable:
+            state = await self._handoff.state(agent.id, request.channel, request.conversation_key)
+            if state is not None and state.held:
+                held = await self._handoff.hold(
+                    agent_id=agent.id,
+                    channel=request.channel,
+                    key=request.conversation_key,
+                    question=request.text,
+                    save_question=not request.already_saved,
+                    language=None,
+                    trace={"held": state.status, "channel": request.channel},
+                )
+                await out.emit(TurnEvent("sources", {"sources": []}))
+                await out.emit(
+                    TurnEvent(
+                        "done",
+                        {
+                            "conversation_id": held.conversation_id,
+                            "turn_id": held.turn_id,
+                            "confidence": None,
+                            "low_confidence": False,
+                            "citations": [],
+                            "answer": "",
+                            "mode": "staff",
+                            "handoff": state.status,
+                        },
+                    )
+                )
+                return TurnOutcome(
+                    answer="",
+                    mode="staff",
+                    conversation_id=held.conversation_id,
+                    turn_id=held.turn_id,
+                )
+        policy = HandoffPolicy.of(agent.settings, agent.timezone, agent.default_language)
+        if not policy.enabled or not asks_for_person(request.text):
+            return None
+        language = self._language(request, agent)
+        text, staffed = policy.reply(language, self._clock())
+        trace.data.update(
+            {"query": request.text, "language": language, "channel": request.channel,
+             "handoff": "requested", "staffed": staffed}
+        )  # fmt: skip
+        await out.emit(TurnEvent.status("answering"))
+        await self._paced(text, out)
+        record = _record(
+            request, agent, language, answer=text, rewritten_query=None, confidence=None,
+            low_confidence=False, mode="handoff",
+        )  # fmt: skip
+        outcome = await self._conclude(request, out, trace, record, (), ())
+        if reachable and outcome.conversation_id is not None:
+            await self._handoff.change_status(
+                outcome.conversation_id,
+                "waiting_for_staff",
+                author=None,
+                unless=("staff", "waiting_for_staff"),
+            )
+        return outcome
 
     def _language(self, request: TurnRequest, agent: Agent) -> str:
         if request.overrides and request.overrides.get("language"):
@@ -383,6 +468,7 @@ class AnswerPipeline:
         agent: Agent,
         sources: Sequence[SourceRef],
         history: Sequence[tuple[str, str]],
+        summary: str | None,
         language: str,
         out: _Output,
         trace: _Trace,
@@ -405,7 +491,7 @@ class AnswerPipeline:
                 writing_rule=request.writing_rule,
                 sources=[PromptSource(s.id, s.url, s.title, s.text) for s in sources],
                 history=history,
-                summary=None,
+                summary=summary,
                 question=request.text,
             )
         )

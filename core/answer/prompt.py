@@ -142,7 +142,13 @@ def build_messages(p: PromptInput) -> list[ChatMessage]:
     system = "\n\n".join(text for _, text in _sections(p))
     context = _source_blocks(p.sources)
     if p.summary:
-        context = f"<summary>\nEarlier in this conversation: {p.summary}\n</summary>\n\n{context}"
+        # Before the recent messages, which carry on from it; the notes are built from what
+        # the visitor wrote, so they get the sources' treatment: data, never instructions.
+        notes = p.summary.replace("</summary", "&lt;/summary").replace("<summary", "&lt;summary")
+        context = (
+            "<summary>\nThe visitor's earlier context (notes on this conversation before the "
+            f"messages below):\n{notes}\n</summary>\n\n{context}"
+        )
     messages = [ChatMessage("system", f"{system}\n\n{context}")]
     for role, text in p.history:
         messages.append(

@@ -79,14 +79,20 @@ class QueryRewriter:
         self._timeout = timeout_ms / 1000
 
     async def rewrite(
-        self, scope: str, question: str, history: Sequence[tuple[str, str]]
+        self,
+        scope: str,
+        question: str,
+        history: Sequence[tuple[str, str]],
+        *,
+        summary: str | None = None,
     ) -> Rewrite:
-        """``scope`` names the conversation (agent and key) for the cache."""
+        """``scope`` names the conversation (agent and key) for the cache; ``summary`` is what
+        the conversation said before ``history``, for a topic named only long ago."""
         if not is_follow_up(question, history):
             return Rewrite(question, "verbatim")
         started = time.perf_counter()
         recent = history[-6:]
-        digest = hashlib.sha256(repr((recent, question)).encode()).hexdigest()[:24]
+        digest = hashlib.sha256(repr((summary, recent, question)).encode()).hexdigest()[:24]
         key = f"rewrite:{scope}:{digest}"
         cached = await self._cache.get(key)
         if cached:
@@ -94,6 +100,8 @@ class QueryRewriter:
         if self._chat is None:
             return Rewrite(heuristic_rewrite(question, history), "heuristic", 0.0, "no_llm")
         transcript = "\n".join(f"{role}: {text}" for role, text in recent)
+        if summary:
+            transcript = f"(earlier: {summary})\n{transcript}"
         try:
             text = await self._chat.complete(
                 [

@@ -20,8 +20,10 @@ from typing import Any
 import asyncpg
 
 from core.answer.pipeline import AnswerPipeline
+from core.memory import ConversationMemory
 from core.store.agents import Agents
 from core.store.conversations import Conversations, TurnRecord, discard_turn, reply_message_id
+from core.store.handoff import HandoffStore
 from core.store.inbox import InboxClaim, InboxLeases, InboxRow, complete, newer_waiting, put_back
 from core.store.outbox import enqueue
 from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
@@ -91,11 +93,13 @@ class InboxWorker:
         splitters: Mapping[str, Splitter] | None = None,
         typing: Mapping[str, TypingIndicator] | None = None,
         redo_when_superseded: bool = True,
+        memory: ConversationMemory | None = None,
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
         self._leases = InboxLeases(pool)
         self._conversations = Conversations(pool)
+        self._handoff = HandoffStore(pool)
         self._agents = Agents(pool)
         self._burst = burst_window
         self._lease = lease
@@ -106,6 +110,8 @@ class InboxWorker:
         self._splitters = splitters or {}
         self._typing = typing or {}
         self._redo = redo_when_superseded
+        # The pipeline's memory: canned turns saved here, and turns taken back, reach it too.
+        self._memory = memory
 
     async def run(self) -> None:
         """Claim and answer until cancelled; a cancelled turn's rows wait for their lease."""
@@ -146,6 +152,8 @@ class InboxWorker:
         stop = asyncio.Event()
         heartbeat = asyncio.create_task(self._keep_lease(holder, stop))
         indicator = self._typing.get(first.channel)
+        if indicator is not None and await self._with_staff(first):
+            indicator = None  # staff answer in their own time: the bot shows no "typing..."
         answered = asyncio.Event()
         typing = (
             asyncio.create_task(indicator(first.conversation_key, answered))
@@ -186,6 +194,10 @@ class InboxWorker:
             first.id,
             len(claim.rows),
         )
+
+    async def _with_staff(self, row: InboxRow) -> bool:
+        state = await self._handoff.state(row.agent_id, row.channel, row.conversation_key)
+        return state is not None and state.held
 
     async def _reply_while_typing(
         self, claim: InboxClaim, answered: asyncio.Event, typing: asyncio.Task[None] | None
@@ -259,6 +271,8 @@ class InboxWorker:
                 count_usage=False,
             )
         )
+        if self._memory is not None:
+            await self._memory.remember(saved.conversation_id, saved.generation, saved.messages)
         return _Reply(answer, saved.conversation_id, saved.turn_id)
 
     async def _language(self, claim: InboxClaim, default: str) -> str:
@@ -279,6 +293,8 @@ class InboxWorker:
         split = self._splitters.get(first.channel)
         parts = [p for p in (split(reply.text) if split else [reply.text]) if p.strip()]
         if await self._superseded(claim, reply):
+            if self._memory is not None and reply.conversation_id is not None:
+                await self._memory.forget(reply.conversation_id)
             raise _Superseded()
         async with self._pool.acquire() as conn, conn.transaction():
             if not await complete(conn, claim):

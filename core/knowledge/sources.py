@@ -20,7 +20,7 @@ from core.knowledge.locale import resolve_locale
 
 log = logging.getLogger(__name__)
 
-SourceKind = Literal["directory", "file", "jsonl", "url", "sitemap"]
+SourceKind = Literal["directory", "file", "jsonl", "url", "sitemap", "text"]
 TEXT_SUFFIXES = (".md", ".markdown", ".txt")
 HTML_SUFFIXES = (".html", ".htm")
 MAX_FILE_BYTES = 5_000_000
@@ -28,10 +28,12 @@ MAX_FILE_BYTES = 5_000_000
 
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
-    """Where content comes from: ``location`` is an absolute path or an http(s) URL."""
+    """Where content comes from: ``location`` is an absolute path or an http(s) URL; for
+    pasted ``text`` it is the URL the text is cited under."""
 
     kind: SourceKind
     location: str
+    text: str | None = None  # kind "text" only
 
     @property
     def is_remote(self) -> bool:
@@ -111,6 +113,20 @@ def read_file(path: Path, url: str) -> Document | ReadError:
     )
 
 
+def read_text(url: str, text: str) -> Document | ReadError:
+    """Text staff pasted in (Markdown; a leading "# " line is its title), cited as ``url``."""
+    if not text.strip():
+        return ReadError(url, "no text", url)
+    title = _title_of_markdown(text, url.rstrip("/").rsplit("/", 1)[-1].replace("-", " "))
+    return Document(
+        url=url,
+        title=title,
+        text=text,
+        locale=resolve_locale(url, None, text),
+        page_type=infer_page_type(url, title),
+    )
+
+
 def read_directory(root: Path, base_url: str | None = None) -> Iterator[Document | ReadError]:
     """Every .md/.html/.txt file under ``root``, in a stable order; hidden folders skipped."""
     suffixes = TEXT_SUFFIXES + HTML_SUFFIXES
@@ -179,5 +195,7 @@ def read_local(spec: SourceSpec, base_url: str | None = None) -> Iterator[Docume
         yield from read_jsonl(path)
     elif spec.kind == "file":
         yield read_file(path, _url_for(path.parent, path, base_url))
+    elif spec.kind == "text":
+        yield read_text(spec.location, spec.text or "")
     else:
         raise ValueError(f"{spec.kind} is not a local source")

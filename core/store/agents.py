@@ -152,6 +152,18 @@ class Agents:
                 raise AgentNotFound(slug)
         return await self.get(slug)
 
+    async def rotate_widget_key(self, slug: str) -> Agent:
+        """A new widget key; pages embedding the old one stop working at once."""
+        self._recent.pop(slug, None)
+        done = await self._pool.execute(
+            "UPDATE agents SET widget_key = $2, updated_at = now() WHERE slug = $1",
+            slug,
+            new_widget_key(),
+        )
+        if done == "UPDATE 0":
+            raise AgentNotFound(slug)
+        return await self.get(slug)
+
     async def get(self, slug: str) -> Agent:
         if self._fresh_for:
             remembered = self._recent.get(slug)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -43,6 +43,8 @@ class TurnRecord:
 class SavedTurn:
     conversation_id: int
     turn_id: int
+    generation: int = 0
+    messages: tuple[StoredMessage, ...] = ()  # what the turn added, for conversation memory
 
 
 class Conversations:
@@ -114,14 +116,17 @@ class Conversations:
             generation = await conn.fetchval(
                 "SELECT generation FROM conversations WHERE id = $1", conversation_id
             )
+            added: list[StoredMessage] = []
             if record.save_question:
                 # The visitor's message belongs to the turn too: a superseded turn goes whole.
-                await _add_message(
+                question_id = await _add_message(
                     conn, conversation_id, "visitor", record.question, turn_id, generation
                 )
-            await _add_message(
+                added.append(StoredMessage(question_id, "visitor", record.question))
+            answer_id = await _add_message(
                 conn, conversation_id, "assistant", record.answer, turn_id, generation
             )
+            added.append(StoredMessage(answer_id, "assistant", record.answer))
             if record.count_usage:
                 await conn.execute(
                     """INSERT INTO usage (agent_id, day, channel, turns, prompt_tokens,
@@ -150,7 +155,7 @@ class Conversations:
                     record.gap_reason,
                     record.confidence,
                 )
-        return SavedTurn(conversation_id, turn_id)
+        return SavedTurn(conversation_id, turn_id, generation, tuple(added))
 
 
 async def discard_turn(conn: Any, turn_id: int) -> None:
@@ -171,17 +176,14 @@ async def reply_message_id(conn: Any, turn_id: int) -> int | None:
 
 async def _add_message(
     conn: Any, conversation_id: int, role: str, text: str, turn_id: int | None, generation: int
-) -> None:
-    await conn.execute(
+) -> int:
+    message_id: int = await conn.fetchval(
         """INSERT INTO messages (conversation_id, role, text, turn_id, generation)
-           VALUES ($1, $2, $3, $4, $5)""",
+           VALUES ($1, $2, $3, $4, $5) RETURNING id""",
         conversation_id,
         role,
         text,
         turn_id,
         generation,
     )
-
-
-def as_history(messages: Sequence[StoredMessage]) -> list[tuple[str, str]]:
-    return [(m.role, m.text) for m in messages]
+    return message_id

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import asyncpg
+
+from core.errors import InvalidInput, NotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +19,31 @@ class CuratedAnswer:
     pattern: str | None
     answer: str
     language: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CuratedEntry:
+    """A curated answer as staff manage it: its triggers, whether it is on, how often used."""
+
+    id: int
+    agent_id: int
+    question: str
+    keywords: tuple[str, ...]
+    pattern: str | None
+    answer: str
+    language: str | None
+    enabled: bool
+    hit_count: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> CuratedEntry:
+        return cls(**{**dict(row), "keywords": tuple(row["keywords"])})
+
+
+_ENTRY = ", ".join(CuratedEntry.__dataclass_fields__)
+_EDITABLE = frozenset({"question", "keywords", "pattern", "answer", "language", "enabled"})
 
 
 class CuratedAnswers:
@@ -65,3 +94,46 @@ class CuratedAnswers:
         await self._pool.execute(
             "UPDATE curated_answers SET hit_count = hit_count + 1 WHERE id = $1", curated_id
         )
+
+    async def list(self, agent_id: int) -> list[CuratedEntry]:
+        rows = await self._pool.fetch(
+            f"SELECT {_ENTRY} FROM curated_answers WHERE agent_id = $1 ORDER BY id", agent_id
+        )
+        return [CuratedEntry.from_row(r) for r in rows]
+
+    async def get(self, agent_id: int, curated_id: int) -> CuratedEntry:
+        row = await self._pool.fetchrow(
+            f"SELECT {_ENTRY} FROM curated_answers WHERE agent_id = $1 AND id = $2",
+            agent_id,
+            curated_id,
+        )
+        if row is None:
+            raise NotFound(f"no curated answer {curated_id} for this agent")
+        return CuratedEntry.from_row(row)
+
+    async def update(self, agent_id: int, curated_id: int, **changes: Any) -> CuratedEntry:
+        unknown = set(changes) - _EDITABLE
+        if unknown:
+            raise InvalidInput(f"unknown curated answer field(s): {', '.join(sorted(unknown))}")
+        if "keywords" in changes:
+            changes["keywords"] = list(changes["keywords"])
+        if changes:
+            names = sorted(changes)
+            assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(names, start=3))
+            done = await self._pool.execute(
+                f"""UPDATE curated_answers SET {assignments}, updated_at = now()
+                     WHERE agent_id = $1 AND id = $2""",
+                agent_id,
+                curated_id,
+                *(changes[n] for n in names),
+            )
+            if done == "UPDATE 0":
+                raise NotFound(f"no curated answer {curated_id} for this agent")
+        return await self.get(agent_id, curated_id)
+
+    async def delete(self, agent_id: int, curated_id: int) -> None:
+        done = await self._pool.execute(
+            "DELETE FROM curated_answers WHERE agent_id = $1 AND id = $2", agent_id, curated_id
+        )
+        if done == "DELETE 0":
+            raise NotFound(f"no curated answer {curated_id} for this agent")

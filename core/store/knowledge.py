@@ -80,6 +80,36 @@ class KnowledgeStore:
         )
         return [SourceRecord(**dict(r)) for r in rows]
 
+    async def get_source(self, agent_id: int, source_id: int) -> SourceRecord:
+        row = await self._pool.fetchrow(
+            """SELECT s.id, s.agent_id, s.kind, s.location, s.status, s.last_crawled_at,
+                      s.last_error, (SELECT count(*) FROM pages p WHERE p.source_id = s.id) AS pages
+                 FROM sources s WHERE s.agent_id = $1 AND s.id = $2""",
+            agent_id,
+            source_id,
+        )
+        if row is None:
+            raise NotFound(f"no source {source_id} for this agent")
+        return SourceRecord(**dict(row))
+
+    async def save_text(self, agent_id: int, url: str, text: str) -> int:
+        """A source of pasted text, kept with it so that it can be indexed again."""
+        source_id: int = await self._pool.fetchval(
+            """INSERT INTO sources (agent_id, kind, location, content) VALUES ($1, 'text', $2, $3)
+               ON CONFLICT (agent_id, kind, location) DO UPDATE SET content = EXCLUDED.content
+               RETURNING id""",
+            agent_id,
+            url,
+            text,
+        )
+        return source_id
+
+    async def source_text(self, source_id: int) -> str | None:
+        text: str | None = await self._pool.fetchval(
+            "SELECT content FROM sources WHERE id = $1", source_id
+        )
+        return text
+
     async def remove_source(self, agent_id: int, source_id: int) -> int:
         """Delete a source with its pages and chunks; returns the number of pages removed."""
         async with self._pool.acquire() as conn, conn.transaction():

@@ -153,3 +153,27 @@ class Outbox:
             f"SELECT {_COLUMNS} FROM outbox WHERE agent_id = $1 ORDER BY id", agent_id
         )
         return [OutboxRow(**dict(r)) for r in rows]
+
+    async def expire_unsent(self, older_than: float) -> int:
+        """Fail the rows still unsent ``older_than`` seconds after they were queued: a reply
+        that late would confuse more than help, and it holds up the chat's later replies."""
+        reason = f"not sent within {older_than / 3600:g} hours of being queued; given up"
+        result = await self._pool.execute(
+            """UPDATE outbox SET status = 'failed', lease_until = NULL, error_code = 'expired',
+                                 error_message = $2 || coalesce(' (last error: '
+                                                                || error_message || ')', '')
+                WHERE created_at < now() - make_interval(secs => $1)
+                  AND (status = 'pending' OR (status = 'sending' AND lease_until < now()))""",
+            older_than,
+            reason,
+        )
+        return int(result.split()[-1])
+
+    async def release_expired_leases(self) -> int:
+        """Rows left 'sending' by a sender that died back to 'pending', due now, so that
+        staff see them as waiting; `claim` would also take them, but only while a sender runs."""
+        result = await self._pool.execute(
+            """UPDATE outbox SET status = 'pending', lease_until = NULL, next_attempt_at = now()
+                WHERE status = 'sending' AND lease_until < now()"""
+        )
+        return int(result.split()[-1])

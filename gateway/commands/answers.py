@@ -75,6 +75,7 @@ async def ask(args: argparse.Namespace, runtime: Runtime) -> int:
             ),
             output,
         )
+        await pipeline.memory.drain()
     finally:
         if chat is not None:
             await close_chat_model(chat)

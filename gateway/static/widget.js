@@ -27,6 +27,9 @@
   if (window.ParleyWidget && window.ParleyWidget.agent === agent) return; // included twice
   const BASE = new URL(".", script.src).href.replace(/\/+$/, "");
   const ENDPOINT = `${BASE}/api/v1/agents/${encodeURIComponent(agent)}/chat`;
+  const EVENTS_ENDPOINT = `${BASE}/api/v1/agents/${encodeURIComponent(agent)}/conversations/events`;
+  const RELISTEN_MS = [5000, 15000, 60000, 300000]; // after a stream is refused, wait this long
+  const CLEAR_ENDPOINT = `${BASE}/api/v1/agents/${encodeURIComponent(agent)}/conversations/clear`;
   const COLOR = /^#[0-9a-f]{3}([0-9a-f]{3})?$/i.test(script.getAttribute("data-color") || "")
     ? script.getAttribute("data-color")
     : null;
@@ -56,6 +59,12 @@
       server: "Something went wrong on our side. Please try again in a moment.",
       network: "We couldn't reach the assistant. Check your connection and try again.",
       failed: "Sorry, I couldn't write an answer just now. Please try again.",
+      team: "Support team",
+      withTeam: "Chatting with our team",
+      joined: "A person from our team has joined the conversation.",
+      left: "You're chatting with the assistant again.",
+      waiting: "A person will reply here as soon as possible.",
+      unread: "New message",
     },
     nl: {
       title: "Stel een vraag",
@@ -79,6 +88,12 @@
       server: "Er ging bij ons iets mis. Probeer het zo nog eens.",
       network: "We konden de assistent niet bereiken. Controleer je verbinding en probeer het opnieuw.",
       failed: "Sorry, het lukte nu niet om een antwoord te geven. Probeer het nog eens.",
+      team: "Klantenservice",
+      withTeam: "In gesprek met ons team",
+      joined: "Een medewerker van ons team neemt nu deel aan het gesprek.",
+      left: "Je chat weer met de assistent.",
+      waiting: "Een medewerker reageert hier zo snel mogelijk.",
+      unread: "Nieuw bericht",
     },
     de: {
       title: "Stellen Sie eine Frage",
@@ -105,6 +120,12 @@
         "Der Assistent ist nicht erreichbar. Prüfen Sie Ihre Verbindung und versuchen Sie es erneut.",
       failed:
         "Entschuldigung, ich konnte gerade keine Antwort geben. Bitte versuchen Sie es noch einmal.",
+      team: "Kundenservice",
+      withTeam: "Im Gespräch mit unserem Team",
+      joined: "Ein Mensch aus unserem Team ist dem Gespräch beigetreten.",
+      left: "Sie chatten wieder mit dem Assistenten.",
+      waiting: "Ein Mensch aus unserem Team antwortet Ihnen hier so bald wie möglich.",
+      unread: "Neue Nachricht",
     },
     fr: {
       title: "Posez une question",
@@ -128,6 +149,12 @@
       server: "Un problème est survenu de notre côté. Veuillez réessayer dans un instant.",
       network: "Impossible de joindre l'assistant. Vérifiez votre connexion et réessayez.",
       failed: "Désolé, je n'ai pas pu répondre pour le moment. Veuillez réessayer.",
+      team: "Service client",
+      withTeam: "En conversation avec notre équipe",
+      joined: "Une personne de notre équipe a rejoint la conversation.",
+      left: "Vous discutez de nouveau avec l'assistant.",
+      waiting: "Une personne vous répondra ici dès que possible.",
+      unread: "Nouveau message",
     },
   };
   const rawLang = (document.documentElement.getAttribute("lang") || "").trim();
@@ -765,6 +792,16 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
 }
 .send:disabled { opacity: .4; cursor: default; }
 .send svg { width: 20px; height: 20px; margin-left: -2px; }
+.msg.staff {
+  align-self: flex-start; white-space: pre-wrap; border-bottom-left-radius: 4px;
+  background: #fff; border: 1px solid var(--line); border-left: 3px solid var(--pc);
+}
+.msg.staff .who { display: block; margin-bottom: 2px; color: var(--muted); font-size: 12px; font-weight: 600; white-space: normal; }
+.note { align-self: center; max-width: 90%; margin: 0; color: var(--muted); font-size: 13px; text-align: center; }
+.launcher.unread::after {
+  content: ""; position: absolute; top: 2px; right: 2px; width: 12px; height: 12px;
+  border-radius: 50%; background: #e11d48; box-shadow: 0 0 0 2px #fff;
+}
 .sr-only { position: absolute; width: 1px; height: 1px; margin: -1px; padding: 0; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
 @supports (height: 100dvh) { .panel { max-height: calc(100dvh - 108px); } }
 @media (max-width: 480px) {
@@ -828,6 +865,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       "aria-live": "polite",
       "aria-labelledby": ids.title,
     });
+    const titleEl = h("h2", { class: "title", id: ids.title, text: T.title });
     const newButton = h(
       "button",
       { type: "button", class: "icon-btn new", "aria-label": T.newConversation, title: T.newConversation },
@@ -850,7 +888,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       },
       [
         h("div", { class: "header" }, [
-          h("h2", { class: "title", id: ids.title, text: T.title }),
+          titleEl,
           newButton,
           closeButton,
         ]),
@@ -924,6 +962,26 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       const label = h("span", { class: "sr-only", text: `${T.you}: ` });
       const el = h("div", { class: "msg user" }, [label, text]);
       log.append(el);
+      return el;
+    }
+
+    /** A message from a person on the shop's side: plain text, labelled as the team's. */
+    function addStaff(text) {
+      const el = h("div", { class: "msg staff" }, [
+        h("span", { class: "who", text: T.team }),
+        h("span", { class: "sr-only", text: ": " }),
+        text,
+      ]);
+      keepingScroll(() => log.append(el));
+      return el;
+    }
+
+    const NOTES = { joined: () => T.joined, left: () => T.left, waiting: () => T.waiting };
+
+    /** A line about the conversation itself ("a person has joined"), not from anyone. */
+    function addNote(name) {
+      const el = h("p", { class: "note", "data-note": name, text: NOTES[name]() });
+      keepingScroll(() => log.append(el));
       return el;
     }
 
@@ -1067,6 +1125,13 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
     }
 
     function finish(msg, done) {
+      if (done.mode === "staff") {
+        // Staff have the conversation: the question waits for them, the bot says nothing.
+        msg.el.remove();
+        if (done.handoff === "waiting_for_staff") note("waiting");
+        setHandoff(done.handoff === "waiting_for_staff" ? "waiting_for_staff" : "staff");
+        return;
+      }
       if (typeof done.answer === "string" && done.answer.trim()) msg.text = done.answer;
       renderAnswer(msg);
       msg.status.hidden = true;
@@ -1075,6 +1140,8 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       if (typeof done.mode === "string") msg.el.setAttribute("data-mode", done.mode);
       history.push({ role: "bot", text: msg.text, sources: msg.sources });
       saveHistory();
+      if (done.mode === "handoff") setHandoff("waiting_for_staff");
+      else syncListening();
     }
 
     // ------------------------------------------------------------ talking to the gateway
@@ -1226,6 +1293,122 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       return false;
     }
 
+    // ------------------------------------------------------------ staff, live
+
+    // What this session last saw of staff: the newest message id and the handoff status.
+    const EVENTS_KEY = `parley:${agent}:events`;
+    let seen = loadSeen();
+    let events = null; // the EventSource while listening
+    let relisten = 0; // timer of the next attempt after a refused stream
+    let refusals = 0;
+
+    function loadSeen() {
+      try {
+        const saved = JSON.parse(storage.get(EVENTS_KEY) || "null");
+        if (saved && saved.session === sessionId && Number.isSafeInteger(saved.id)) return saved;
+      } catch (_) {
+        /* unreadable: start over */
+      }
+      return { session: sessionId, id: 0, status: "bot" };
+    }
+    function saveSeen() {
+      storage.set(EVENTS_KEY, JSON.stringify(seen));
+    }
+
+    function note(name) {
+      const last = history[history.length - 1];
+      if (last && last.role === "note" && last.note === name) return;
+      addNote(name);
+      history.push({ role: "note", note: name });
+      saveHistory();
+    }
+
+    function setHandoff(status) {
+      if (!["bot", "waiting_for_staff", "staff"].includes(status)) return;
+      seen.status = status;
+      saveSeen();
+      root.setAttribute("data-handoff", status);
+      titleEl.textContent = status === "staff" ? T.withTeam : T.title;
+      syncListening();
+    }
+
+    /** Listen while the panel is open, and while staff have the conversation even when it
+     * is closed (a reply then marks the launcher); never before the first message. */
+    function shouldListen() {
+      return history.length > 0 && (!panel.hidden || seen.status !== "bot");
+    }
+
+    function syncListening() {
+      if (shouldListen()) listen();
+      else stopListening();
+    }
+
+    function stopListening() {
+      clearTimeout(relisten);
+      relisten = 0;
+      if (events) events.close();
+      events = null;
+    }
+
+    function listen() {
+      if (events || relisten || typeof EventSource !== "function") return;
+      const params = new URLSearchParams({ session_id: sessionId, key, since: String(seen.id) });
+      const source = new EventSource(`${EVENTS_ENDPOINT}?${params}`);
+      events = source;
+      const data = (event) => {
+        try {
+          const parsed = JSON.parse(event.data);
+          return parsed && typeof parsed === "object" ? parsed : null;
+        } catch (_) {
+          return null;
+        }
+      };
+      // An event already shown (a replay after reconnecting) is skipped by its id.
+      const fresh = (event) => {
+        const id = Number(event.lastEventId);
+        if (!Number.isSafeInteger(id) || id <= seen.id) return false;
+        seen.id = id;
+        saveSeen();
+        return true;
+      };
+      source.addEventListener("open", () => {
+        refusals = 0;
+      });
+      source.addEventListener("state", (event) => {
+        const d = data(event);
+        if (d) setHandoff(d.status);
+      });
+      source.addEventListener("staff", (event) => {
+        const d = data(event);
+        if (!d || typeof d.text !== "string" || !fresh(event)) return;
+        addStaff(d.text);
+        history.push({ role: "staff", text: d.text });
+        saveHistory();
+        if (panel.hidden) {
+          launcher.classList.add("unread");
+          launcher.setAttribute("aria-label", `${T.open} (${T.unread})`);
+        }
+      });
+      source.addEventListener("handoff", (event) => {
+        const d = data(event);
+        if (!d || !fresh(event)) return;
+        if (d.status === "staff" && seen.status !== "staff") note("joined");
+        if (d.status === "bot" && seen.status === "staff") note("left");
+        setHandoff(d.status);
+      });
+      source.addEventListener("error", () => {
+        // While connecting again the browser retries by itself; closed means refused.
+        if (source.readyState !== EventSource.CLOSED || events !== source) return;
+        events = null;
+        const wait = RELISTEN_MS[Math.min(refusals, RELISTEN_MS.length - 1)];
+        refusals += 1;
+        relisten = setTimeout(() => {
+          relisten = 0;
+          syncListening();
+        }, wait);
+      });
+    }
+
     // ------------------------------------------------------------ controls
 
     function updateSend() {
@@ -1263,6 +1446,10 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       for (const item of history) {
         if (item.role === "user") {
           addUser(String(item.text || ""));
+        } else if (item.role === "staff") {
+          addStaff(String(item.text || ""));
+        } else if (item.role === "note") {
+          if (NOTES[item.note]) addNote(item.note);
         } else {
           const msg = addBot();
           msg.status.hidden = true;
@@ -1274,13 +1461,38 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       }
     }
 
+    /** Asks the gateway to forget a finished session's memory. Best effort: a failure
+     * never holds up the new conversation, which has a session id of its own anyway. */
+    function forgetSession(id) {
+      const headers = { "Content-Type": "application/json" };
+      if (key) headers["X-Parley-Key"] = key;
+      try {
+        fetch(CLEAR_ENDPOINT, {
+          method: "POST",
+          headers,
+          body: JSON.stringify({ session_id: id }),
+          credentials: "omit",
+          cache: "no-store",
+          keepalive: true, // the visitor may leave the page right after
+        }).catch(() => {});
+      } catch (_) {
+        /* fetch unavailable or refused synchronously: nothing to forget then */
+      }
+    }
+
     function newConversation() {
       if (current) current.controller.abort();
       current = null;
       busy = false;
       log.removeAttribute("aria-busy");
+      if (history.length) forgetSession(sessionId);
+      stopListening();
       sessionId = newSessionId();
       storage.set(SESSION_KEY, sessionId);
+      seen = { session: sessionId, id: 0, status: "bot" };
+      saveSeen();
+      root.setAttribute("data-handoff", "bot");
+      titleEl.textContent = T.title;
       storage.remove(HISTORY_KEY);
       history = [];
       log.replaceChildren(greeting());
@@ -1300,6 +1512,8 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       launcherIcon.replaceChildren(icon("close"));
       scrollToEnd();
       input.focus({ preventScroll: true });
+      launcher.classList.remove("unread");
+      syncListening();
     }
 
     function close() {
@@ -1312,6 +1526,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       launcher.title = T.open;
       launcherIcon.replaceChildren(icon("chat"));
       if (hadFocus) launcher.focus();
+      syncListening();
     }
 
     launcher.addEventListener("click", () => (panel.hidden ? open() : close()));
@@ -1336,6 +1551,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
     });
 
     restore();
+    setHandoff(seen.status);
 
     return {
       open,

@@ -23,6 +23,7 @@ from core.jobs.inbox_worker import DEFAULT_WELCOME, TEXT_ONLY_REPLIES, InboxWork
 from core.jobs.outbox_sender import OutboxSender
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
+from core.memory import build_memory
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
 from core.retrieval.retriever import build_retriever
 from core.settings import Settings
@@ -75,6 +76,7 @@ class Rig:
                 "whatsapp": lambda text: split_message(text, TwilioSender.limit),
                 "telegram": lambda text: split_message(text, TelegramSender.limit),
             },
+            "memory": self.pipeline.memory,
         }
         return InboxWorker(self.database.pool, self.pipeline, **{**values, **options})
 
@@ -146,6 +148,7 @@ def make_pipeline(
     return AnswerPipeline(
         agents=Agents(pool),
         conversations=Conversations(pool),
+        memory=build_memory(settings, pool, cache, None),
         curated=CuratedAnswers(pool),
         retriever=build_retriever(settings, pool, embedder, cache, session),
         embedder=embedder,
@@ -192,6 +195,7 @@ async def rig(
             Inbox(database.pool),
             Outbox(database.pool),
         )
+        await pipeline.memory.drain()
     for sender in senders.values():
         await sender.close()
     await twilio_server.close()

@@ -99,6 +99,7 @@ async def rig(
     async with aiohttp.ClientSession() as session:
         pipeline = build_pipeline(settings, database.pool, cache, use_embedder, session, chat)
         yield Rig(server, pipeline, database, agent, settings)
+        await pipeline.memory.drain()
     await chat.close()
 
 

@@ -1,0 +1,269 @@
+"""Human handoff: staff take a conversation over, reply in it, hand it back; followers are woken.
+
+`Handoff` is what the staff console and the admin API call. `ConversationFeed` wakes whoever
+follows a conversation (the widget's live stream) when something they should see is stored,
+in whichever gateway process it was stored: each process keeps one connection that LISTENs
+for the store's NOTIFY. Followers re-read from Postgres when woken, and also every little
+while, so a lost notification (a dropped connection, a pooler without LISTEN) only delays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import asyncpg
+
+from core.errors import InvalidInput, Unavailable
+from core.store.handoff import (
+    FEED_CHANNEL,
+    REACHABLE,
+    ConversationState,
+    FeedMessage,
+    HandoffStore,
+)
+
+log = logging.getLogger(__name__)
+
+Splitter = Callable[[str], Sequence[str]]
+
+
+class Forgetful(Protocol):
+    """The bot's memory of a conversation (`core.memory.ConversationMemory` fits)."""
+
+    async def forget(self, conversation_id: int) -> None: ...
+
+
+MAX_REPLY_CHARS = 10_000
+MAX_STAFF_NAME = 200
+
+
+def _staff_name(staff: str) -> str:
+    name = staff.strip()
+    if not name or len(name) > MAX_STAFF_NAME:
+        raise InvalidInput(f"staff must name who acts, in 1-{MAX_STAFF_NAME} characters")
+    return name
+
+
+class Handoff:
+    """Taking a conversation over, replying in it and handing it back.
+
+    ``splitters`` split a reply into the parts a messaging app is sent (core imports no
+    channel, so the gateway passes them, as for the inbox worker); without one a reply is
+    a single part. Replies reach the widget live through `ConversationFeed`, and WhatsApp
+    and Telegram through the outbox. ``memory`` forgets what it cached of a conversation
+    that staff wrote in, so the bot, once back, reads what staff said.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        splitters: Mapping[str, Splitter] | None = None,
+        memory: Forgetful | None = None,
+    ) -> None:
+        self._store = HandoffStore(pool)
+        self._splitters = dict(splitters or {})
+        self._memory = memory
+
+    async def state(self, conversation_id: int) -> ConversationState:
+        return await self._store.conversation(conversation_id)
+
+    async def take_over(self, conversation_id: int, staff: str) -> None:
+        """The bot is paused for this conversation until `hand_back`; the visitor is told."""
+        name = _staff_name(staff)
+        state = await self._store.conversation(conversation_id)
+        if state.channel not in REACHABLE:
+            raise InvalidInput(f"staff cannot reach a visitor on the {state.channel} channel")
+        if await self._store.change_status(conversation_id, "staff", author=name):
+            log.info("handoff.taken_over conversation_id=%d", conversation_id)
+
+    async def hand_back(self, conversation_id: int) -> None:
+        """The bot answers this conversation again."""
+        if await self._store.change_status(conversation_id, "bot", author=None):
+            log.info("handoff.handed_back conversation_id=%d", conversation_id)
+        if self._memory is not None:
+            await self._memory.forget(conversation_id)
+
+    async def reply(self, conversation_id: int, text: str, staff: str) -> int:
+        """Store a staff message and send it through the conversation's own channel; returns
+        the stored message's id. Replying takes the conversation over if staff had not yet."""
+        name = _staff_name(staff)
+        body = text.strip()
+        if not body:
+            raise InvalidInput("a reply needs some text")
+        if len(body) > MAX_REPLY_CHARS:
+            raise InvalidInput(f"a reply may be at most {MAX_REPLY_CHARS} characters")
+        message_id = await self._store.add_staff_reply(conversation_id, body, name, self._split)
+        if self._memory is not None:
+            await self._memory.forget(conversation_id)
+        log.info("handoff.replied conversation_id=%d message_id=%d", conversation_id, message_id)
+        return message_id
+
+    def _split(self, channel: str, text: str) -> list[str]:
+        split = self._splitters.get(channel)
+        parts = list(split(text)) if split is not None else [text]
+        return [p for p in parts if p.strip()]
+
+
+class Follower:
+    """One follower of one conversation: woken when something new may be there to read."""
+
+    def __init__(self) -> None:
+        self._woken = asyncio.Event()
+        self.closed = False
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    async def wait(self, within: float) -> bool:
+        """True when woken within ``within`` seconds (or the feed closed), else False."""
+        try:
+            await asyncio.wait_for(self._woken.wait(), within)
+        except TimeoutError:
+            return False
+        self._woken.clear()
+        return True
+
+
+_Key = tuple[int, str, str]
+
+
+class TooManyFollowers(Unavailable):
+    """This process follows as many conversations as it is allowed to."""
+
+    code = "too_many_streams"
+
+    def __init__(self) -> None:
+        super().__init__("too many live conversations on this server; try again later")
+
+
+class ConversationFeed:
+    """Wakes the followers of a conversation when the store announces something for it.
+
+    One LISTEN connection per process, to the pool's database; when it drops it is opened
+    again, and every follower is woken to catch up on what it may have missed.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        url: str,
+        *,
+        max_followers: int = 5000,
+        reconnect_delay: float = 1.0,
+    ) -> None:
+        self._store = HandoffStore(pool)
+        self._url = url
+        self._max = max_followers
+        self._delay = reconnect_delay
+        self._followers: dict[_Key, set[Follower]] = {}
+        self._conn: asyncpg.Connection | None = None
+        self._reconnect: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def listening(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    @property
+    def store(self) -> HandoffStore:
+        return self._store
+
+    async def start(self) -> None:
+        """Start listening; when the database refuses, keep trying in the background."""
+        if not await self._listen():
+            self._schedule_reconnect()
+
+    async def close(self) -> None:
+        """Stop listening and release every follower (their streams end)."""
+        self._closed = True
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnect
+        for followers in self._followers.values():
+            for follower in followers:
+                follower.closed = True
+                follower.wake()
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(OSError, asyncpg.InterfaceError, asyncpg.PostgresError):
+                await conn.close(timeout=5)
+
+    @asynccontextmanager
+    async def follow(self, agent_id: int, channel: str, key: str) -> AsyncIterator[Follower]:
+        """Follow a conversation (which may not exist yet) for as long as the block runs."""
+        if self._closed:
+            raise Unavailable("the server is shutting down")
+        if sum(len(f) for f in self._followers.values()) >= self._max:
+            raise TooManyFollowers()
+        follower = Follower()
+        self._followers.setdefault((agent_id, channel, key), set()).add(follower)
+        try:
+            yield follower
+        finally:
+            followers = self._followers.get((agent_id, channel, key))
+            if followers is not None:
+                followers.discard(follower)
+                if not followers:
+                    del self._followers[(agent_id, channel, key)]
+
+    async def since(self, agent_id: int, channel: str, key: str, after: int) -> list[FeedMessage]:
+        return await self._store.feed_since(agent_id, channel, key, after)
+
+    async def _listen(self) -> bool:
+        try:
+            conn = await asyncpg.connect(self._url, timeout=10)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("handoff.feed.connect_failed error=%s", type(exc).__name__)
+            return False
+        try:
+            await conn.add_listener(FEED_CHANNEL, self._on_notify)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("handoff.feed.listen_failed error=%s", type(exc).__name__)
+            await conn.close()
+            return False
+        conn.add_termination_listener(self._on_lost)
+        self._conn = conn
+        return True
+
+    def _on_notify(self, conn: Any, pid: int, channel: str, payload: object) -> None:
+        try:
+            data = json.loads(str(payload))
+            key = (int(data["agent_id"]), str(data["channel"]), str(data["key"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("handoff.feed.bad_payload")
+            return
+        for follower in self._followers.get(key, ()):
+            follower.wake()
+
+    def _on_lost(self, conn: Any) -> None:
+        if self._closed:
+            return
+        log.warning("handoff.feed.connection_lost")
+        self._conn = None
+        self._schedule_reconnect()
+
+    def _schedule_reconnect(self) -> None:
+        if self._closed or (self._reconnect is not None and not self._reconnect.done()):
+            return
+        self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = self._delay
+        while not self._closed:
+            await asyncio.sleep(delay)
+            if await self._listen():
+                log.info("handoff.feed.listening_again")
+                # Whatever was announced while nobody listened: let every follower re-read.
+                for followers in self._followers.values():
+                    for follower in followers:
+                        follower.wake()
+                return
+            delay = min(delay * 2, 30.0)

@@ -1,0 +1,247 @@
+"""Staff accounts (argon2id password hashes) and their browser sessions (stored hashed)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from core.errors import Conflict, InvalidInput, NotFound
+
+MIN_PASSWORD_CHARS = 10
+MAX_PASSWORD_CHARS = 1024
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+# argon2-cffi's defaults are RFC 9106's low-memory profile (argon2id, 64 MiB, t=3).
+_HASHER = PasswordHasher()
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Unknown addresses are checked against this, so they take as long as known ones."""
+    return _HASHER.hash(secrets.token_urlsafe(16))
+
+
+def _verify(stored: str, password: str) -> bool:
+    try:
+        return _HASHER.verify(stored, password)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def normalise_email(email: str) -> str:
+    email = email.strip().lower()
+    if not _EMAIL.match(email) or len(email) > 254:
+        raise InvalidInput(f"{email!r} is not an email address")
+    return email
+
+
+def check_password(password: str) -> str:
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise InvalidInput(f"a password needs at least {MIN_PASSWORD_CHARS} characters")
+    if len(password) > MAX_PASSWORD_CHARS:
+        raise InvalidInput(f"a password may have at most {MAX_PASSWORD_CHARS} characters")
+    return password
+
+
+def hash_password(password: str) -> str:
+    return _HASHER.hash(check_password(password))
+
+
+def _session_hash(session_id: str) -> bytes:
+    return hashlib.sha256(session_id.encode()).digest()
+
+
+def _token_mac(token: str, session_id: str) -> bytes:
+    return hmac.new(token.encode(), session_id.encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class StaffMember:
+    id: int
+    email: str
+    display_name: str
+    disabled: bool
+    last_sign_in_at: datetime | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StaffSession:
+    """A signed-in browser; ``staff`` is None when it signed in with the admin token."""
+
+    staff: StaffMember | None
+    csrf_token: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewSession:
+    """A session just made: ``session_id`` goes into the cookie and is never stored."""
+
+    session_id: str
+    csrf_token: str
+    expires_at: datetime
+
+
+_MEMBER = (
+    "id, email, display_name, disabled_at IS NOT NULL AS disabled, last_sign_in_at, created_at"
+)
+
+
+def _member(row: asyncpg.Record) -> StaffMember:
+    return StaffMember(
+        row["id"],
+        row["email"],
+        row["display_name"],
+        row["disabled"],
+        row["last_sign_in_at"],
+        row["created_at"],
+    )
+
+
+class StaffAccounts:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(self, email: str, password: str, *, display_name: str = "") -> StaffMember:
+        email = normalise_email(email)
+        # Hashing takes tens of milliseconds of CPU on purpose: off the event loop.
+        password_hash = await asyncio.to_thread(hash_password, password)
+        try:
+            row = await self._pool.fetchrow(
+                f"""INSERT INTO staff (email, display_name, password_hash) VALUES ($1, $2, $3)
+                    RETURNING {_MEMBER}""",
+                email,
+                display_name.strip() or email.split("@")[0],
+                password_hash,
+            )
+        except asyncpg.UniqueViolationError:
+            raise Conflict(f"a staff account for {email} exists already") from None
+        assert row is not None
+        return _member(row)
+
+    async def set_password(self, email: str, password: str) -> None:
+        """A new password; the account's open sessions end, wherever they are."""
+        password_hash = await asyncio.to_thread(hash_password, password)
+        async with self._pool.acquire() as conn, conn.transaction():
+            staff_id = await conn.fetchval(
+                "UPDATE staff SET password_hash = $2 WHERE email = $1 RETURNING id",
+                normalise_email(email),
+                password_hash,
+            )
+            if staff_id is None:
+                raise NotFound(f"no staff account for {email}")
+            await conn.execute("DELETE FROM staff_sessions WHERE staff_id = $1", staff_id)
+
+    async def set_disabled(self, email: str, disabled: bool) -> None:
+        """A disabled account cannot sign in, and its open sessions stop working at once."""
+        done = await self._pool.execute(
+            """UPDATE staff SET disabled_at = CASE WHEN $2 THEN now() ELSE NULL END
+                WHERE email = $1""",
+            normalise_email(email),
+            disabled,
+        )
+        if done == "UPDATE 0":
+            raise NotFound(f"no staff account for {email}")
+
+    async def authenticate(self, email: str, password: str) -> StaffMember | None:
+        """The enabled account with this address and password, else None.
+
+        The hash is checked even for unknown addresses, so timing does not tell which exist.
+        """
+        try:
+            email = normalise_email(email)
+        except InvalidInput:
+            email = ""
+        row = await self._pool.fetchrow(
+            f"SELECT {_MEMBER}, password_hash FROM staff WHERE email = $1", email
+        )
+        stored = row["password_hash"] if row is not None else await asyncio.to_thread(_dummy_hash)
+        if not await asyncio.to_thread(_verify, stored, password):
+            return None
+        if row is None or row["disabled"]:
+            return None
+        if _HASHER.check_needs_rehash(stored):
+            await self._pool.execute(
+                "UPDATE staff SET password_hash = $2 WHERE id = $1",
+                row["id"],
+                await asyncio.to_thread(_HASHER.hash, password),
+            )
+        await self._pool.execute(
+            "UPDATE staff SET last_sign_in_at = now() WHERE id = $1", row["id"]
+        )
+        return _member(row)
+
+    async def list(self) -> list[StaffMember]:
+        rows = await self._pool.fetch(f"SELECT {_MEMBER} FROM staff ORDER BY email")
+        return [_member(r) for r in rows]
+
+    async def any_enabled(self) -> bool:
+        found: bool = await self._pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM staff WHERE disabled_at IS NULL)"
+        )
+        return found
+
+
+class StaffSessions:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(
+        self, staff_id: int | None, lifetime: timedelta, *, admin_token: str | None = None
+    ) -> NewSession:
+        """A session for a staff account, or (``staff_id`` None) for the admin token."""
+        if (staff_id is None) != (admin_token is not None):
+            raise ValueError("a session is for a staff account or for the admin token")
+        session_id = secrets.token_urlsafe(32)
+        csrf_token = secrets.token_urlsafe(32)
+        # Expired sessions are cleared as new ones are made; nothing else needs to run.
+        await self._pool.execute("DELETE FROM staff_sessions WHERE expires_at < now()")
+        expires_at: datetime = await self._pool.fetchval(
+            """INSERT INTO staff_sessions (token_hash, staff_id, token_mac, csrf_token, expires_at)
+               VALUES ($1, $2, $3, $4, now() + $5) RETURNING expires_at""",
+            _session_hash(session_id),
+            staff_id,
+            _token_mac(admin_token, session_id) if admin_token is not None else None,
+            csrf_token,
+            lifetime,
+        )
+        return NewSession(session_id, csrf_token, expires_at)
+
+    async def find(self, session_id: str, *, admin_token: str | None) -> StaffSession | None:
+        """The live session with this id: not expired, its account (if any) not disabled, and
+        a token session only while ``admin_token`` is still the one it was made with."""
+        row = await self._pool.fetchrow(
+            """SELECT ss.csrf_token, ss.expires_at, ss.staff_id, ss.token_mac, s.id, s.email,
+                      s.display_name, s.disabled_at IS NOT NULL AS disabled, s.last_sign_in_at,
+                      s.created_at
+                 FROM staff_sessions ss LEFT JOIN staff s ON s.id = ss.staff_id
+                WHERE ss.token_hash = $1 AND ss.expires_at > now()""",
+            _session_hash(session_id),
+        )
+        if row is None:
+            return None
+        if row["staff_id"] is None:
+            if admin_token is None or not hmac.compare_digest(
+                bytes(row["token_mac"]), _token_mac(admin_token, session_id)
+            ):
+                return None
+            return StaffSession(None, row["csrf_token"], row["expires_at"])
+        if row["disabled"]:
+            return None
+        return StaffSession(_member(row), row["csrf_token"], row["expires_at"])
+
+    async def delete(self, session_id: str) -> None:
+        await self._pool.execute(
+            "DELETE FROM staff_sessions WHERE token_hash = $1", _session_hash(session_id)
+        )

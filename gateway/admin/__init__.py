@@ -1,0 +1,1 @@
+"""The staff side of the gateway: sign-in and sessions, the admin JSON API and its OpenAPI."""

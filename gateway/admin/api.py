@@ -1,0 +1,747 @@
+"""The admin JSON API under /api/v1/admin: agents, conversations, gaps, sources, curated
+answers, answer checks, staff and the playground.
+
+Each route is declared once, with the pydantic models of its query, body and response; the
+wrapper validates with those very models and the OpenAPI document is generated from them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from channels.web import WRITING_RULE, SseTurnOutput, parse_body
+from core.answer.escalation import validate_handoff_settings
+from core.errors import InvalidInput
+from core.knowledge.sources import SourceSpec
+from core.store.agents import Agent
+from core.store.transcripts import ConversationFilter
+from core.turns import TurnEvent, TurnRequest
+from gateway.admin import schemas as s
+from gateway.admin.auth import STAFF, Staff
+from gateway.admin.guard import API_PREFIX
+from gateway.admin.services import AdminServices
+from gateway.keys import ADMIN, WEB_CHANNEL
+
+Reply = BaseModel | web.StreamResponse | None
+
+
+@dataclass
+class Call:
+    """One request to an operation, with its query and body already validated."""
+
+    request: web.Request
+    admin: AdminServices
+    body: Any = None
+    query: Any = None
+    _on_response: list[Callable[[web.StreamResponse], None]] = field(default_factory=list)
+
+    @property
+    def staff(self) -> Staff:
+        return self.request[STAFF]
+
+    def id(self, name: str = "id") -> int:
+        return int(self.request.match_info[name])
+
+    async def agent(self) -> Agent:
+        return await self.admin.agents.get(self.request.match_info["agent"])
+
+    def on_response(self, change: Callable[[web.StreamResponse], None]) -> None:
+        """Adjust the response once it exists (cookies)."""
+        self._on_response.append(change)
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str  # under /api/v1/admin, as an aiohttp route template
+    handler: Callable[[Call], Awaitable[Reply]]
+    summary: str
+    tag: str
+    query: type[BaseModel] | None = None
+    body: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    status: int = 200
+    stream: bool = False  # text/event-stream instead of JSON
+    public: bool = False  # reachable without signing in
+
+    @property
+    def route(self) -> str:
+        return API_PREFIX + self.path
+
+    @property
+    def name(self) -> str:
+        return self.handler.__name__
+
+
+OPERATIONS: list[Operation] = []
+
+
+def operation(
+    method: str, path: str, summary: str, tag: str, **options: Any
+) -> Callable[[Callable[[Call], Awaitable[Reply]]], Callable[[Call], Awaitable[Reply]]]:
+    def register(handler: Callable[[Call], Awaitable[Reply]]) -> Callable[[Call], Awaitable[Reply]]:
+        OPERATIONS.append(Operation(method, path, handler, summary, tag, **options))
+        return handler
+
+    return register
+
+
+def parse_query(request: web.Request, model: type[BaseModel]) -> Any:
+    try:
+        return model.model_validate(dict(request.query))
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "query"
+        raise InvalidInput(f"{where}: {problem['msg']}") from None
+
+
+def _handler(op: Operation) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        call = Call(request, request.app[ADMIN])
+        if op.query is not None:
+            call.query = parse_query(request, op.query)
+        if op.body is not None:
+            call.body = parse_body(await request.read(), op.body)
+        result = await op.handler(call)
+        if isinstance(result, web.StreamResponse):
+            return result
+        if result is None:
+            response = web.Response(status=204)
+        else:
+            # What is sent must be what the OpenAPI document says is sent.
+            if op.response is None or not isinstance(result, op.response):
+                raise TypeError(f"{op.name} returned {type(result).__name__}")
+            response = web.json_response(result.model_dump(mode="json"), status=op.status)
+        for change in call._on_response:
+            change(response)
+        return response
+
+    handle.__name__ = op.name
+    return handle
+
+
+def admin_routes() -> list[web.RouteDef]:
+    return [web.route(op.method, op.route, _handler(op)) for op in OPERATIONS]
+
+
+# -- sign-in --------------------------------------------------------------------------------
+
+
+def _session(staff: Staff, expires_at: Any = None) -> s.SessionOut:
+    return s.SessionOut(
+        staff=s.StaffOut(id=staff.id, email=staff.email, name=staff.name, via=staff.via),
+        csrf_token=staff.csrf_token,
+        expires_at=expires_at,
+    )
+
+
+@operation(
+    "POST",
+    "/sign-in",
+    "Sign in; sets the session cookie",
+    "session",
+    body=s.SignInBody,
+    response=s.SessionOut,
+    public=True,
+)
+async def sign_in(call: Call) -> s.SessionOut:
+    body: s.SignInBody = call.body
+    auth = call.admin.auth
+    signed_in = await auth.sign_in(
+        remote=call.request.remote or "unknown",
+        token=body.token,
+        email=body.email,
+        password=body.password,
+    )
+    call.on_response(lambda response: auth.set_cookie(response, signed_in))
+    return _session(signed_in.staff, signed_in.expires_at)
+
+
+@operation("POST", "/sign-out", "Sign out; ends the session", "session", status=204)
+async def sign_out(call: Call) -> None:
+    auth = call.admin.auth
+    await auth.sign_out(call.request)
+    call.on_response(auth.clear_cookie)
+
+
+@operation(
+    "GET", "/me", "Who is signed in, and the session's CSRF token", "session", response=s.SessionOut
+)
+async def me(call: Call) -> s.SessionOut:
+    return _session(call.staff)
+
+
+@operation("GET", "/staff", "Staff accounts", "staff", response=s.StaffList)
+async def list_staff(call: Call) -> s.StaffList:
+    return s.StaffList.model_validate({"items": await call.admin.staff.list()})
+
+
+# -- agents ---------------------------------------------------------------------------------
+
+_HANDOFF_SETTINGS = ("business_hours", "handoff_enabled", "handoff_text", "out_of_hours_text")
+_CHANNEL_BLOCKS = ("twilio", "telegram")
+_COLUMNS = (
+    "name",
+    "persona",
+    "custom_prompt",
+    "default_language",
+    "timezone",
+    "confidence_threshold",
+    "contact_route",
+    "allowed_origins",
+)
+
+
+def _block(settings: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    block = settings.get(name)
+    return block if isinstance(block, Mapping) else {}
+
+
+def agent_out(agent: Agent) -> s.AgentOut:
+    """An agent as staff see it: channel secrets reduced to whether they are set."""
+    settings = agent.settings
+    twilio, telegram = _block(settings, "twilio"), _block(settings, "telegram")
+    return s.AgentOut(
+        slug=agent.slug,
+        name=agent.name,
+        default_language=agent.default_language,
+        timezone=agent.timezone,
+        persona=agent.persona,
+        custom_prompt=agent.custom_prompt,
+        confidence_threshold=agent.confidence_threshold,
+        contact_route=agent.contact_route,
+        widget_key=agent.widget_key,
+        allowed_origins=list(agent.allowed_origins),
+        business_hours=settings.get("business_hours") or None,
+        handoff_enabled=settings.get("handoff_enabled", True) is not False,
+        handoff_text=settings.get("handoff_text") or None,
+        out_of_hours_text=settings.get("out_of_hours_text") or None,
+        settings={
+            k: v for k, v in settings.items() if k not in (*_CHANNEL_BLOCKS, *_HANDOFF_SETTINGS)
+        },
+        channels=s.ChannelsOut(
+            twilio=s.TwilioOut(
+                configured="twilio" in settings,
+                account_sid=twilio.get("account_sid"),
+                whatsapp_from=twilio.get("whatsapp_from"),
+                auth_token_set=bool(twilio.get("auth_token")),
+            ),
+            telegram=s.TelegramOut(
+                configured="telegram" in settings,
+                bot_token_set=bool(telegram.get("bot_token")),
+                webhook_secret_set=bool(telegram.get("webhook_secret")),
+            ),
+        ),
+        embedder=agent.embedder,
+        embedding_dim=agent.embedding_dim,
+        knowledge_version=agent.knowledge_version,
+        created_at=agent.created_at,
+    )
+
+
+def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
+    settings = dict(agent.settings)
+    given = body.model_fields_set
+    for key in _HANDOFF_SETTINGS:
+        if key in given:
+            value = getattr(body, key)
+            if value is None:
+                settings.pop(key, None)
+            else:
+                settings[key] = value
+    for key, value in (body.settings or {}).items():
+        if value is None:
+            settings.pop(key, None)
+        else:
+            settings[key] = value
+    channels = body.channels
+    for name in _CHANNEL_BLOCKS:
+        if channels is None or name not in channels.model_fields_set:
+            continue
+        patch: BaseModel | None = getattr(channels, name)
+        if patch is None:
+            settings.pop(name, None)
+            continue
+        block = dict(_block(settings, name))
+        for key in patch.model_fields_set:
+            value = getattr(patch, key)
+            if value is None:
+                block.pop(key, None)
+            else:
+                block[key] = value
+        settings[name] = block
+    # The channels read a block as a whole: one that cannot verify webhooks is refused now,
+    # not at the first message.
+    if "twilio" in settings and not _block(settings, "twilio").get("auth_token"):
+        raise InvalidInput(
+            "channels.twilio.auth_token: required while the agent has a Twilio block"
+        )
+    if "telegram" in settings and not _block(settings, "telegram").get("webhook_secret"):
+        raise InvalidInput(
+            "channels.telegram.webhook_secret: required while the agent has a Telegram block"
+        )
+    validate_handoff_settings(settings)
+    return settings
+
+
+@operation("GET", "/agents", "Agents", "agents", response=s.AgentList)
+async def list_agents(call: Call) -> s.AgentList:
+    return s.AgentList(items=[agent_out(a) for a in await call.admin.agents.list()])
+
+
+@operation("GET", "/agents/{agent}", "One agent's settings", "agents", response=s.AgentOut)
+async def get_agent(call: Call) -> s.AgentOut:
+    return agent_out(await call.agent())
+
+
+@operation(
+    "PATCH",
+    "/agents/{agent}",
+    "Change an agent's settings",
+    "agents",
+    body=s.AgentPatch,
+    response=s.AgentOut,
+)
+async def patch_agent(call: Call) -> s.AgentOut:
+    body: s.AgentPatch = call.body
+    agent = await call.agent()
+    changes: dict[str, Any] = {}
+    for column in _COLUMNS:
+        if column in body.model_fields_set:
+            value = getattr(body, column)
+            if value is None:
+                raise InvalidInput(f"{column}: may not be null")
+            changes[column] = value
+    settings = _patched_settings(agent, body)
+    if settings != agent.settings:
+        changes["settings"] = settings
+    return agent_out(await call.admin.agents.update(agent.slug, **changes))
+
+
+@operation(
+    "POST", "/agents/{agent}/widget-key", "Replace the widget key", "agents", response=s.AgentOut
+)
+async def rotate_widget_key(call: Call) -> s.AgentOut:
+    return agent_out(await call.admin.agents.rotate_widget_key(call.request.match_info["agent"]))
+
+
+# -- conversations --------------------------------------------------------------------------
+
+
+@operation(
+    "GET",
+    "/conversations",
+    "Conversations of every agent and channel, newest first",
+    "conversations",
+    query=s.ConversationQuery,
+    response=s.ConversationPageOut,
+)
+async def list_conversations(call: Call) -> s.ConversationPageOut:
+    query: s.ConversationQuery = call.query
+    if query.agent is not None:
+        await call.admin.agents.get(query.agent)
+    page = await call.admin.transcripts.list(ConversationFilter(**query.model_dump()))
+    return s.ConversationPageOut.model_validate(page)
+
+
+@operation(
+    "GET",
+    r"/conversations/{id:\d+}",
+    "A conversation: summary, transcript, traces",
+    "conversations",
+    response=s.ConversationDetailOut,
+)
+async def get_conversation(call: Call) -> s.ConversationDetailOut:
+    return s.ConversationDetailOut.model_validate(await call.admin.transcripts.get(call.id()))
+
+
+# -- handoff --------------------------------------------------------------------------------
+
+
+@operation(
+    "POST",
+    r"/conversations/{id:\d+}/takeover",
+    "Take a conversation over: the bot pauses until handed back",
+    "conversations",
+    response=s.ConversationOut,
+)
+async def take_over(call: Call) -> s.ConversationOut:
+    conversation_id = call.id()
+    await call.admin.transcripts.row(conversation_id)
+    await call.admin.handoff.take_over(conversation_id, call.staff.label)
+    return s.ConversationOut.model_validate(await call.admin.transcripts.row(conversation_id))
+
+
+@operation(
+    "POST",
+    r"/conversations/{id:\d+}/handback",
+    "Hand a conversation back to the bot",
+    "conversations",
+    response=s.ConversationOut,
+)
+async def hand_back(call: Call) -> s.ConversationOut:
+    conversation_id = call.id()
+    await call.admin.transcripts.row(conversation_id)
+    await call.admin.handoff.hand_back(conversation_id)
+    return s.ConversationOut.model_validate(await call.admin.transcripts.row(conversation_id))
+
+
+@operation(
+    "POST",
+    r"/conversations/{id:\d+}/messages",
+    "Reply as staff, through the conversation's own channel (takes it over)",
+    "conversations",
+    body=s.StaffMessageBody,
+    response=s.StaffMessageOut,
+    status=201,
+)
+async def staff_reply(call: Call) -> s.StaffMessageOut:
+    body: s.StaffMessageBody = call.body
+    conversation_id = call.id()
+    await call.admin.transcripts.row(conversation_id)
+    message_id = await call.admin.handoff.reply(conversation_id, body.text, call.staff.label)
+    return s.StaffMessageOut(message_id=message_id)
+
+
+# -- content gaps ---------------------------------------------------------------------------
+
+
+@operation(
+    "GET",
+    "/agents/{agent}/gaps",
+    "Open content gaps, grouped by similar question",
+    "gaps",
+    response=s.GapList,
+)
+async def list_gaps(call: Call) -> s.GapList:
+    agent = await call.agent()
+    groups = await call.admin.gaps.grouped(agent.id, call.admin.embedder)
+    return s.GapList(items=[s.GapGroupOut.model_validate(g) for g in groups], grouped_by="meaning")
+
+
+@operation(
+    "POST",
+    "/agents/{agent}/gaps/resolve",
+    "Mark a group of gaps resolved",
+    "gaps",
+    body=s.ResolveGapsBody,
+    response=s.ResolvedOut,
+)
+async def resolve_gaps(call: Call) -> s.ResolvedOut:
+    body: s.ResolveGapsBody = call.body
+    agent = await call.agent()
+    return s.ResolvedOut(resolved=await call.admin.gaps.resolve(agent.id, body.gap_ids))
+
+
+# -- sources --------------------------------------------------------------------------------
+
+
+def _source_out(call: Call, record: Any) -> s.SourceOut:
+    out = s.SourceOut.model_validate(record)
+    return out.model_copy(update={"running": call.admin.sources.running(out.id)})
+
+
+def _text_url(title: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", title.casefold()).strip("-")[:80]
+    return f"/texts/{slug or 'text'}"
+
+
+@operation(
+    "GET",
+    "/agents/{agent}/sources",
+    "Sources with status, last crawl and errors",
+    "sources",
+    response=s.SourceList,
+)
+async def list_sources(call: Call) -> s.SourceList:
+    records = await call.admin.sources.list(await call.agent())
+    return s.SourceList(items=[_source_out(call, r) for r in records])
+
+
+@operation(
+    "POST",
+    "/agents/{agent}/sources",
+    "Add a URL, sitemap or text; indexed in the background",
+    "sources",
+    body=s.SourceBody,
+    response=s.SourceOut,
+    status=202,
+)
+async def add_source(call: Call) -> s.SourceOut:
+    body: s.SourceBody = call.body
+    agent = await call.agent()
+    if body.kind == "text":
+        text = body.text or ""
+        if body.title and not text.lstrip().startswith("# "):
+            text = f"# {body.title}\n\n{text}"
+        spec = SourceSpec("text", body.url or _text_url(body.title or ""), text)
+    else:
+        spec = SourceSpec(body.kind, body.url or "")
+    return _source_out(call, await call.admin.sources.add(agent, spec))
+
+
+@operation(
+    "GET", r"/agents/{agent}/sources/{id:\d+}", "One source", "sources", response=s.SourceOut
+)
+async def get_source(call: Call) -> s.SourceOut:
+    return _source_out(call, await call.admin.sources.get(await call.agent(), call.id()))
+
+
+@operation(
+    "POST",
+    r"/agents/{agent}/sources/{id:\d+}/reindex",
+    "Read a source again, in the background",
+    "sources",
+    response=s.SourceOut,
+    status=202,
+)
+async def reindex_source(call: Call) -> s.SourceOut:
+    return _source_out(call, await call.admin.sources.reindex(await call.agent(), call.id()))
+
+
+@operation(
+    "DELETE",
+    r"/agents/{agent}/sources/{id:\d+}",
+    "Remove a source and its pages",
+    "sources",
+    response=s.RemovedOut,
+)
+async def delete_source(call: Call) -> s.RemovedOut:
+    removed = await call.admin.sources.remove(await call.agent(), call.id())
+    return s.RemovedOut(pages_removed=removed)
+
+
+# -- curated answers ------------------------------------------------------------------------
+
+
+@operation(
+    "GET",
+    "/agents/{agent}/curated",
+    "Curated answers with hit counts",
+    "curated",
+    response=s.CuratedList,
+)
+async def list_curated(call: Call) -> s.CuratedList:
+    agent = await call.agent()
+    return s.CuratedList.model_validate({"items": await call.admin.curated.list(agent.id)})
+
+
+@operation(
+    "POST",
+    "/agents/{agent}/curated",
+    "Add a curated answer",
+    "curated",
+    body=s.CuratedBody,
+    response=s.CuratedOut,
+    status=201,
+)
+async def create_curated(call: Call) -> s.CuratedOut:
+    body: s.CuratedBody = call.body
+    agent = await call.agent()
+    curated = call.admin.curated
+    new_id = await curated.create(
+        agent.id,
+        body.answer,
+        question=body.question,
+        keywords=tuple(k.strip() for k in body.keywords if k.strip()),
+        pattern=body.pattern,
+        language=body.language,
+    )
+    entry = await curated.update(agent.id, new_id, enabled=body.enabled)
+    return s.CuratedOut.model_validate(entry)
+
+
+@operation(
+    "GET",
+    r"/agents/{agent}/curated/{id:\d+}",
+    "One curated answer",
+    "curated",
+    response=s.CuratedOut,
+)
+async def get_curated(call: Call) -> s.CuratedOut:
+    agent = await call.agent()
+    return s.CuratedOut.model_validate(await call.admin.curated.get(agent.id, call.id()))
+
+
+@operation(
+    "PATCH",
+    r"/agents/{agent}/curated/{id:\d+}",
+    "Change a curated answer",
+    "curated",
+    body=s.CuratedPatch,
+    response=s.CuratedOut,
+)
+async def patch_curated(call: Call) -> s.CuratedOut:
+    body: s.CuratedPatch = call.body
+    agent = await call.agent()
+    changes = {k: getattr(body, k) for k in body.model_fields_set}
+    for required in ("answer", "question", "keywords", "enabled"):
+        if required in changes and changes[required] is None:
+            raise InvalidInput(f"{required}: may not be null")
+    entry = await call.admin.curated.update(agent.id, call.id(), **changes)
+    if not (entry.question or entry.pattern or entry.keywords):
+        raise InvalidInput("a curated answer needs a question, keywords or a pattern")
+    return s.CuratedOut.model_validate(entry)
+
+
+@operation(
+    "DELETE", r"/agents/{agent}/curated/{id:\d+}", "Delete a curated answer", "curated", status=204
+)
+async def delete_curated(call: Call) -> None:
+    agent = await call.agent()
+    await call.admin.curated.delete(agent.id, call.id())
+
+
+# -- answer checks --------------------------------------------------------------------------
+
+
+@operation(
+    "GET",
+    "/agents/{agent}/checks",
+    "Test questions asked every night",
+    "checks",
+    response=s.CheckList,
+)
+async def list_checks(call: Call) -> s.CheckList:
+    agent = await call.agent()
+    return s.CheckList.model_validate({"items": await call.admin.checks.list(agent.id)})
+
+
+@operation(
+    "POST",
+    "/agents/{agent}/checks",
+    "Add a test question",
+    "checks",
+    body=s.CheckBody,
+    response=s.CheckOut,
+    status=201,
+)
+async def create_check(call: Call) -> s.CheckOut:
+    body: s.CheckBody = call.body
+    agent = await call.agent()
+    check = await call.admin.checks.create(
+        agent.id,
+        body.question,
+        expected_facts=body.expected_facts,
+        must_cite=body.must_cite,
+        language=body.language,
+    )
+    return s.CheckOut.model_validate(check)
+
+
+@operation(
+    "DELETE",
+    r"/agents/{agent}/checks/{id:\d+}",
+    "Delete a test question and its results",
+    "checks",
+    status=204,
+)
+async def delete_check(call: Call) -> None:
+    agent = await call.agent()
+    await call.admin.checks.delete(agent.id, call.id())
+
+
+@operation(
+    "GET",
+    "/agents/{agent}/checks/results",
+    "Recent results of the test questions",
+    "checks",
+    query=s.CheckResultQuery,
+    response=s.CheckResultList,
+)
+async def check_results(call: Call) -> s.CheckResultList:
+    query: s.CheckResultQuery = call.query
+    agent = await call.agent()
+    checks = call.admin.checks
+    results = (
+        await checks.latest_results(agent.id)
+        if query.latest
+        else await checks.results(agent.id, limit=query.limit)
+    )
+    return s.CheckResultList.model_validate({"items": results})
+
+
+# -- playground -----------------------------------------------------------------------------
+
+
+class PlaygroundOutput:
+    """The widget's SSE events, then ``diagnostics``: the trace the turn was saved with."""
+
+    def __init__(
+        self,
+        response: web.StreamResponse,
+        admin: AdminServices,
+        details: dict[str, Any] | None,
+    ) -> None:
+        self._response = response
+        self._sse = SseTurnOutput(response)
+        self._admin = admin
+        self._details = details
+
+    async def emit(self, event: TurnEvent) -> None:
+        await self._sse.emit(event)
+        if event.kind != "done" or self._details is None:
+            return
+        turn_id = event.data.get("turn_id")
+        trace = (
+            s.TurnTraceOut.model_validate(await self._admin.transcripts.turn(int(turn_id)))
+            if turn_id is not None
+            else None
+        )
+        data = {**self._details, "turn": trace.model_dump(mode="json") if trace else None}
+        payload = json.dumps(data, ensure_ascii=False)
+        await self._response.write(f"event: diagnostics\ndata: {payload}\n\n".encode())
+
+
+@operation(
+    "POST",
+    "/agents/{agent}/playground",
+    "Chat with an agent as a visitor would, with overrides for this chat only",
+    "playground",
+    body=s.PlaygroundBody,
+    stream=True,
+)
+async def playground(call: Call) -> web.StreamResponse:
+    """Server-sent events as the widget gets them (status, token, sources, done or error),
+    then a diagnostics event with the turn's trace. The chat is saved on the playground
+    channel: it counts no usage and is left out of the conversation list unless asked for."""
+    body: s.PlaygroundBody = call.body
+    agent = await call.agent()
+    session_id = body.session_id or f"pg-{uuid.uuid4().hex}"
+    overrides = {
+        k: v
+        for k, v in {
+            "language": body.language,
+            "segment": body.segment,
+            "site_type": body.site_type,
+            "diagnostics": body.diagnostics,
+        }.items()
+        if v is not None
+    }
+    turn = TurnRequest(
+        agent=agent.slug,
+        channel="playground",
+        conversation_key=session_id,
+        text=body.message,
+        page=body.page,
+        language=body.language,
+        overrides=overrides,
+        writing_rule=WRITING_RULE,
+    )
+    details = {"session_id": session_id, "overrides": overrides, "staff": call.staff.label}
+    return await call.request.app[WEB_CHANNEL].stream(
+        call.request,
+        turn,
+        headers={"X-Parley-Session": session_id},
+        output=lambda response: PlaygroundOutput(
+            response, call.admin, details if body.diagnostics else None
+        ),
+    )

@@ -1,0 +1,394 @@
+"""The console pages about one agent's behaviour: settings, answer checks and the playground."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from zoneinfo import available_timezones
+
+from aiohttp import web
+
+from core.answer.escalation import DEFAULT_HANDOFF_TEXTS, DEFAULT_OUT_OF_HOURS_TEXTS, WEEKDAYS
+from core.errors import InvalidInput, ParleyError
+from gateway.admin.api import (
+    agent_out,
+    check_results,
+    create_check,
+    delete_check,
+    list_checks,
+    patch_agent,
+    rotate_widget_key,
+)
+from gateway.admin.console.render import (
+    Form,
+    admin,
+    agent_of,
+    agent_page,
+    call,
+    checked,
+    form,
+    lines,
+    optional,
+    page,
+    redirect,
+    render,
+    run,
+    text,
+    validated,
+)
+from gateway.admin.schemas import (
+    AgentOut,
+    AgentPatch,
+    CheckBody,
+    CheckList,
+    CheckResultList,
+    CheckResultQuery,
+)
+from gateway.keys import SETTINGS
+from gateway.middlewares import status_for
+
+AGENT = "/admin/agents/{agent}"
+DAY_NAMES = dict(zip(WEEKDAYS, ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday",
+                                "Saturday", "Sunday"), strict=True))  # fmt: skip
+TEXTS = {"handoff_text": DEFAULT_HANDOFF_TEXTS, "out_of_hours_text": DEFAULT_OUT_OF_HOURS_TEXTS}
+_SETTINGS_LABELS = {
+    "name": "Name",
+    "persona": "Persona",
+    "custom_prompt": "Extra instructions",
+    "default_language": "Language",
+    "timezone": "Time zone",
+    "confidence_threshold": "Minimum knowledge match",
+    "contact_route": "Contact route",
+    "allowed_origins": "Allowed origins",
+}
+
+
+# -- the list of agents ---------------------------------------------------------------------
+
+
+@page
+async def agents_page(request: web.Request) -> web.StreamResponse:
+    agents = await admin(request).agents.list()
+    return await render(
+        request,
+        "admin/agents.html",
+        title="Agents",
+        section="agents",
+        rows=[agent_out(a) for a in agents],
+    )
+
+
+@page
+async def agent_home(request: web.Request) -> web.StreamResponse:
+    agent = await agent_of(request)
+    raise web.HTTPSeeOther(agent_page(agent, "settings"))
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+def _languages(agent: AgentOut) -> list[str]:
+    configured: set[str] = set()
+    for name in TEXTS:
+        value = getattr(agent, name)
+        if isinstance(value, Mapping):
+            configured |= set(value)
+    return sorted(set(DEFAULT_HANDOFF_TEXTS) | {agent.default_language} | configured)
+
+
+def _hours_shown(hours: Mapping[str, Any] | None) -> dict[str, str]:
+    if not hours:
+        return {day: "" for day in WEEKDAYS}
+    shown = {}
+    for day in WEEKDAYS:
+        spans = hours.get(day)
+        if isinstance(spans, str):
+            shown[day] = spans
+        elif spans:
+            shown[day] = ", ".join(str(s) for s in spans)
+        else:
+            shown[day] = "closed"
+    return shown
+
+
+def _settings_values(agent: AgentOut) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "name": agent.name,
+        "persona": agent.persona,
+        "custom_prompt": agent.custom_prompt,
+        "default_language": agent.default_language,
+        "timezone": agent.timezone,
+        "threshold": f"{agent.confidence_threshold * 100:g}",
+        "contact_route": agent.contact_route,
+        "allowed_origins": "\n".join(agent.allowed_origins),
+        "handoff_enabled": agent.handoff_enabled,
+    }
+    for day, shown in _hours_shown(agent.business_hours).items():
+        values[f"hours_{day}"] = shown
+    for name in TEXTS:
+        configured = getattr(agent, name)
+        values[name] = configured if isinstance(configured, str) else ""
+        for language in _languages(agent):
+            by_language = configured if isinstance(configured, Mapping) else {}
+            values[f"{name}_{language}"] = by_language.get(language, "")
+    return values
+
+
+def _threshold(data: Form) -> float:
+    given = text(data, "threshold").replace(",", ".").rstrip("%").strip()
+    try:
+        percent = float(given)
+    except ValueError:
+        raise InvalidInput(
+            f"Minimum knowledge match: {given!r} is not a percentage such as 35"
+        ) from None
+    if not 0 <= percent <= 100:
+        raise InvalidInput("Minimum knowledge match: give a percentage from 0 to 100")
+    return percent / 100
+
+
+def _hours(data: Form) -> dict[str, list[str] | str] | None:
+    given = {day: text(data, f"hours_{day}") for day in WEEKDAYS}
+    if not any(given.values()):
+        return None  # no hours at all: staff are taken to be there at any time
+    hours: dict[str, list[str] | str] = {}
+    for day, value in given.items():
+        if not value or value.lower() == "closed":
+            hours[day] = "closed"
+        else:
+            hours[day] = [span.strip() for span in value.split(",") if span.strip()]
+    return hours
+
+
+def _texts(data: Form, name: str, languages: list[str]) -> str | dict[str, str] | None:
+    every = text(data, name)
+    if every:
+        return every
+    by_language = {lang: text(data, f"{name}_{lang}") for lang in languages}
+    return {lang: value for lang, value in by_language.items() if value} or None
+
+
+async def _settings_page(
+    request: web.Request,
+    *,
+    error: str | None = None,
+    status: int = 200,
+    values: dict[str, Any] | None = None,
+) -> web.Response:
+    stored = await agent_of(request)
+    agent = agent_out(stored)
+    public_url = request.app[SETTINGS].public_url
+    origin = str(public_url).rstrip("/") if public_url else str(request.url.origin())
+    return await render(
+        request,
+        "admin/settings.html",
+        title=f"Settings · {agent.name}",
+        agent=stored,
+        section="settings",
+        error=error,
+        status=status,
+        a=agent,
+        values=values or _settings_values(agent),
+        languages=_languages(agent),
+        days=DAY_NAMES,
+        default_texts=TEXTS,
+        timezones=sorted(available_timezones()),
+        widget_snippet=(
+            f'<script src="{origin}/widget.js" data-agent="{agent.slug}" '
+            f'data-key="{agent.widget_key}" async></script>'
+        ),
+    )
+
+
+@page
+async def settings_page(request: web.Request) -> web.StreamResponse:
+    return await _settings_page(request)
+
+
+@page
+async def save_settings_action(request: web.Request) -> web.StreamResponse:
+    data = await form(request)
+    agent = agent_out(await agent_of(request))
+    languages = _languages(agent)
+    values: dict[str, Any] = {k: v for k, v in data.items() if isinstance(v, str)}
+    values["handoff_enabled"] = checked(data, "handoff_enabled")
+    try:
+        body = validated(
+            AgentPatch,
+            {
+                "name": text(data, "name"),
+                "persona": text(data, "persona"),
+                "custom_prompt": text(data, "custom_prompt"),
+                "default_language": text(data, "default_language"),
+                "timezone": text(data, "timezone"),
+                "confidence_threshold": _threshold(data),
+                "contact_route": text(data, "contact_route"),
+                "allowed_origins": lines(data, "allowed_origins"),
+                "business_hours": _hours(data),
+                "handoff_enabled": checked(data, "handoff_enabled"),
+                "handoff_text": _texts(data, "handoff_text", languages),
+                "out_of_hours_text": _texts(data, "out_of_hours_text", languages),
+            },
+            _SETTINGS_LABELS,
+        )
+        await patch_agent(call(request, body=body))
+    except ParleyError as exc:
+        return await _settings_page(
+            request, error=exc.message, status=status_for(exc), values=values
+        )
+    raise redirect(agent_page(await agent_of(request), "settings"), "settings-saved")
+
+
+def _channel_patch(data: Form, agent: AgentOut) -> dict[str, Any]:
+    """Secrets left empty stay as they are; a form never shows them, so it cannot resend them."""
+    channels: dict[str, Any] = {}
+    if checked(data, "twilio_remove"):
+        channels["twilio"] = None
+    else:
+        twilio: dict[str, Any] = {
+            "account_sid": optional(data, "twilio_account_sid"),
+            "whatsapp_from": optional(data, "twilio_whatsapp_from"),
+        }
+        if text(data, "twilio_auth_token"):
+            twilio["auth_token"] = text(data, "twilio_auth_token")
+        if agent.channels.twilio.configured or any(twilio.values()):
+            channels["twilio"] = twilio
+    if checked(data, "telegram_remove"):
+        channels["telegram"] = None
+    else:
+        telegram = {
+            name: text(data, f"telegram_{name}")
+            for name in ("bot_token", "webhook_secret")
+            if text(data, f"telegram_{name}")
+        }
+        if telegram:
+            channels["telegram"] = telegram
+    return channels
+
+
+@page
+async def save_channels_action(request: web.Request) -> web.StreamResponse:
+    data = await form(request)
+    agent = agent_out(await agent_of(request))
+    try:
+        body = validated(
+            AgentPatch,
+            {"channels": _channel_patch(data, agent)},
+            {
+                "channels.twilio.account_sid": "Twilio account SID",
+                "channels.twilio.whatsapp_from": "WhatsApp number",
+                "channels.twilio.auth_token": "Twilio auth token",
+                "channels.telegram.bot_token": "Telegram bot token",
+                "channels.telegram.webhook_secret": "Telegram webhook secret",
+            },
+        )
+        await patch_agent(call(request, body=body))
+    except ParleyError as exc:
+        return await _settings_page(request, error=exc.message, status=status_for(exc))
+    raise redirect(agent_page(await agent_of(request), "settings"), "channels-saved", "channels")
+
+
+@page
+async def rotate_key_action(request: web.Request) -> web.StreamResponse:
+    await rotate_widget_key(call(request))
+    raise redirect(agent_page(await agent_of(request), "settings"), "widget-key-rotated", "widget")
+
+
+# -- answer checks --------------------------------------------------------------------------
+
+
+async def _checks_page(
+    request: web.Request,
+    *,
+    error: str | None = None,
+    status: int = 200,
+    values: Mapping[str, Any] | None = None,
+) -> web.Response:
+    agent = await agent_of(request)
+    checks = await run(list_checks, request, CheckList)
+    latest = await run(
+        check_results, request, CheckResultList, query=CheckResultQuery(latest=True, limit=1000)
+    )
+    return await render(
+        request,
+        "admin/checks.html",
+        title=f"Answer checks · {agent.name}",
+        agent=agent,
+        section="checks",
+        error=error,
+        status=status,
+        checks=checks.items,
+        results={r.check_id: r for r in latest.items},
+        passed=sum(r.passed for r in latest.items),
+        timezone=agent.timezone,
+        values=values or {},
+    )
+
+
+@page
+async def checks_page(request: web.Request) -> web.StreamResponse:
+    return await _checks_page(request)
+
+
+@page
+async def create_check_action(request: web.Request) -> web.StreamResponse:
+    data = await form(request)
+    values = {
+        "question": text(data, "question"),
+        "expected_facts": lines(data, "expected_facts"),
+        "must_cite": optional(data, "must_cite"),
+        "language": optional(data, "language"),
+    }
+    try:
+        body = validated(
+            CheckBody,
+            values,
+            {"question": "Question", "must_cite": "URL to cite", "language": "Language", "": ""},
+        )
+        await create_check(call(request, body=body))
+    except ParleyError as exc:
+        shown = {**values, "expected_facts": "\n".join(values["expected_facts"] or [])}
+        return await _checks_page(request, error=exc.message, status=status_for(exc), values=shown)
+    raise redirect(agent_page(await agent_of(request), "checks"), "check-created")
+
+
+@page
+async def delete_check_action(request: web.Request) -> web.StreamResponse:
+    try:
+        await delete_check(call(request))
+    except ParleyError as exc:
+        return await _checks_page(request, error=exc.message, status=status_for(exc))
+    raise redirect(agent_page(await agent_of(request), "checks"), "check-deleted")
+
+
+# -- playground -----------------------------------------------------------------------------
+
+
+@page
+async def playground_page(request: web.Request) -> web.StreamResponse:
+    agent = await agent_of(request)
+    return await render(
+        request,
+        "admin/playground.html",
+        title=f"Playground · {agent.name}",
+        agent=agent,
+        section="playground",
+        endpoint=f"/api/v1/admin/agents/{agent.slug}/playground",
+        languages=sorted(set(DEFAULT_HANDOFF_TEXTS) | {agent.default_language}),
+    )
+
+
+def routes() -> list[web.RouteDef]:
+    check = AGENT + r"/checks/{id:\d+}"
+    return [
+        web.get("/admin/agents", agents_page),
+        web.get(AGENT, agent_home),
+        web.get(AGENT + "/settings", settings_page),
+        web.post(AGENT + "/settings", save_settings_action),
+        web.post(AGENT + "/settings/channels", save_channels_action),
+        web.post(AGENT + "/settings/widget-key", rotate_key_action),
+        web.get(AGENT + "/checks", checks_page),
+        web.post(AGENT + "/checks", create_check_action),
+        web.post(check + "/delete", delete_check_action),
+        web.get(AGENT + "/playground", playground_page),
+    ]

@@ -1,0 +1,189 @@
+"""The console's conversation list and conversation page, with the handoff controls."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from aiohttp import web
+
+from core.errors import InvalidInput, ParleyError
+from core.store.agents import Agent
+from core.store.handoff import REACHABLE, SENT_CHANNELS
+from core.store.transcripts import ConversationFilter, TurnTrace
+from gateway.admin.api import Call, hand_back, staff_reply, take_over
+from gateway.admin.console.render import (
+    CHANNEL_NAMES,
+    admin,
+    call,
+    form,
+    page,
+    redirect,
+    render,
+    text,
+    url_with,
+    validated,
+    zone,
+)
+from gateway.admin.schemas import StaffMessageBody
+from gateway.middlewares import status_for
+
+PAGE_SIZE = 25
+LIST = "/admin/conversations"
+# Those staff read; trying an agent out and the nightly checks make conversations too.
+LISTED_CHANNELS = ("web", "whatsapp", "telegram", "api", "playground", "test")
+
+
+def _day(value: str, name: str) -> date | None:
+    if not value:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise InvalidInput(f"{name}: {value!r} is not a date such as 2024-05-31") from None
+
+
+def _filter_zone(agents: list[Agent], chosen: Agent | None) -> str:
+    """Dates in the filter are days in this zone: the agent's, or the one all agents share."""
+    if chosen is not None:
+        return chosen.timezone
+    zones = {a.timezone for a in agents}
+    return zones.pop() if len(zones) == 1 else "UTC"
+
+
+@page
+async def conversation_list(request: web.Request) -> web.StreamResponse:
+    query = request.query
+    agents = await admin(request).agents.list()
+    slug = query.get("agent", "")
+    chosen = next((a for a in agents if a.slug == slug), None)
+    if slug and chosen is None:
+        raise InvalidInput(f"agent: there is no agent {slug!r}")
+    channel = query.get("channel", "")
+    if channel and channel not in LISTED_CHANNELS:
+        raise InvalidInput(f"channel: {channel!r} is not a channel")
+    timezone = _filter_zone(agents, chosen)
+    first, last = _day(query.get("from", ""), "from"), _day(query.get("to", ""), "to")
+    filters: dict[str, Any] = {
+        "agent": slug,
+        "channel": channel,
+        "low_confidence": query.get("low_confidence") == "1",
+        "waiting": query.get("waiting") == "1",
+        "from": query.get("from", ""),
+        "to": query.get("to", ""),
+    }
+    local = zone(timezone)
+    result = await admin(request).transcripts.list(
+        ConversationFilter(
+            agent=slug or None,
+            channel=channel or None,
+            low_confidence=query.get("low_confidence") == "1",
+            waiting=query.get("waiting") == "1",
+            since=datetime.combine(first, time(), local) if first else None,
+            until=datetime.combine(last + timedelta(days=1), time(), local) if last else None,
+            cursor=query.get("cursor") or None,
+            limit=PAGE_SIZE,
+        )
+    )
+    zones = {a.slug: a.timezone for a in agents}
+    return await render(
+        request,
+        "admin/conversations.html",
+        title="Conversations",
+        agent=chosen,
+        section="conversations",
+        rows=result.items,
+        zones=zones,
+        filters=filters,
+        filter_zone=timezone,
+        channels=LISTED_CHANNELS,
+        older=url_with(LIST, {**filters, "cursor": result.next_cursor})
+        if result.next_cursor
+        else None,
+        newest=url_with(LIST, filters) if query.get("cursor") else None,
+    )
+
+
+def _conversation_id(request: web.Request) -> int:
+    return int(request.match_info["id"])
+
+
+async def _conversation_page(
+    request: web.Request, *, error: str | None = None, status: int = 200, draft: str = ""
+) -> web.Response:
+    detail = await admin(request).transcripts.get(_conversation_id(request))
+    agent = await admin(request).agents.get(detail.conversation.agent)
+    traces: dict[int, TurnTrace] = {t.id: t for t in detail.turns}
+    channel = detail.conversation.channel
+    return await render(
+        request,
+        "admin/conversation.html",
+        title=f"Conversation with {detail.conversation.customer}",
+        agent=agent,
+        section="conversations",
+        status=status,
+        error=error,
+        detail=detail,
+        c=detail.conversation,
+        traces=traces,
+        timezone=agent.timezone,
+        reachable=channel in REACHABLE,
+        sent_by_outbox=channel in SENT_CHANNELS,
+        channel_name=CHANNEL_NAMES.get(channel, channel),
+        draft=draft,
+    )
+
+
+@page
+async def conversation_page(request: web.Request) -> web.StreamResponse:
+    return await _conversation_page(request)
+
+
+async def _handoff(
+    request: web.Request, action: Callable[[Call], Awaitable[object]], done: str, anchor: str = ""
+) -> web.StreamResponse:
+    try:
+        await action(call(request))
+    except ParleyError as exc:
+        return await _conversation_page(request, error=exc.message, status=status_for(exc))
+    raise redirect(f"{LIST}/{_conversation_id(request)}", done, anchor)
+
+
+@page
+async def take_over_action(request: web.Request) -> web.StreamResponse:
+    return await _handoff(request, take_over, "taken-over", "reply")
+
+
+@page
+async def hand_back_action(request: web.Request) -> web.StreamResponse:
+    return await _handoff(request, hand_back, "handed-back")
+
+
+@page
+async def reply_action(request: web.Request) -> web.StreamResponse:
+    draft = text(await form(request), "text")
+    try:
+        body = validated(StaffMessageBody, {"text": draft}, {"text": "Reply"})
+        await staff_reply(call(request, body=body))
+    except ParleyError as exc:
+        return await _conversation_page(
+            request, error=exc.message, status=status_for(exc), draft=draft
+        )
+    raise redirect(f"{LIST}/{_conversation_id(request)}", "replied", "reply")
+
+
+async def home(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPSeeOther(LIST)
+
+
+def routes() -> list[web.RouteDef]:
+    one = LIST + r"/{id:\d+}"
+    return [
+        web.get("/admin", home),
+        web.get(LIST, conversation_list),
+        web.get(one, conversation_page),
+        web.post(one + "/take-over", take_over_action),
+        web.post(one + "/hand-back", hand_back_action),
+        web.post(one + "/reply", reply_action),
+    ]

@@ -1,0 +1,61 @@
+"""The one gate in front of every staff route: authenticate, check CSRF, remember who it was."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from channels.web import ERROR_HEADERS
+from core.errors import Unauthorized
+from gateway.admin.auth import STAFF
+from gateway.keys import ADMIN
+
+CONSOLE_PREFIX = "/admin"
+API_PREFIX = "/api/v1/admin"
+SIGN_IN_PAGE = "/admin/sign-in"
+# Routes anyone may reach: the sign-in page and endpoint, and the console's static files.
+PUBLIC_ROUTES = frozenset({SIGN_IN_PAGE, f"{API_PREFIX}/sign-in"})
+PUBLIC_PREFIXES = ("/admin/static",)
+
+
+def _is_under(route: str, prefix: str) -> bool:
+    return route == prefix or route.startswith(prefix + "/")
+
+
+def guarded(route: str) -> bool:
+    """Whether a route (its template, e.g. ``/api/v1/admin/agents/{agent}``) needs staff."""
+    if route in PUBLIC_ROUTES or any(_is_under(route, p) for p in PUBLIC_PREFIXES):
+        return False
+    return _is_under(route, CONSOLE_PREFIX) or _is_under(route, API_PREFIX)
+
+
+@web.middleware
+async def admin_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Let staff through to guarded routes; everyone else gets 401 (or the sign-in page).
+
+    Decided on the matched route's template rather than the raw path, so no spelling of a
+    URL (double slashes, encoded characters) reaches a staff handler unchecked.
+    """
+    resource = request.match_info.route.resource
+    if resource is None or not guarded(resource.canonical):
+        return await handler(request)
+    auth = request.app[ADMIN].auth
+    try:
+        staff = await auth.authenticate(request)
+    except Unauthorized:
+        if _is_under(resource.canonical, CONSOLE_PREFIX) and request.method == "GET":
+            raise web.HTTPSeeOther(f"{SIGN_IN_PAGE}?next={quote(request.path_qs)}") from None
+        request[ERROR_HEADERS] = {"WWW-Authenticate": 'Bearer realm="parley-admin"'}
+        raise
+    await auth.check_csrf(request, staff)
+    request[STAFF] = staff
+    return await handler(request)
+
+
+def after_sign_in(next_path: str | None) -> str:
+    """Where to send a browser after signing in: its ``next`` page if that is one of ours."""
+    if next_path and next_path.startswith("/") and not next_path.startswith(("//", "/\\")):
+        return next_path
+    return CONSOLE_PREFIX

@@ -1,0 +1,510 @@
+"""The admin API's request and response bodies; the OpenAPI document is generated from these."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from core.turns import MAX_MESSAGE_CHARS, PageContext
+
+ChannelName = Literal["web", "api", "whatsapp", "telegram", "playground", "test"]
+_LANGUAGE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$"
+
+
+class Body(BaseModel):
+    """Request bodies: unknown fields are refused, so a misspelt setting is not ignored."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class Out(BaseModel):
+    """Response bodies, read from the repositories' dataclasses."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Query(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+# -- sign-in --------------------------------------------------------------------------------
+
+
+class SignInBody(Body):
+    """The admin token, or a staff account's email address and password."""
+
+    token: str | None = Field(None, min_length=1, max_length=1024)
+    email: str | None = Field(None, min_length=3, max_length=254)
+    password: str | None = Field(None, min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SignInBody:
+        if self.token is None and (self.email is None or self.password is None):
+            raise ValueError("give either token, or email and password")
+        if self.token is not None and (self.email is not None or self.password is not None):
+            raise ValueError("give either token, or email and password, not both")
+        return self
+
+
+class StaffOut(Out):
+    id: int | None = Field(description="the staff account; null for the admin token")
+    email: str | None
+    name: str
+    via: Literal["token", "session"]
+
+
+class SessionOut(Out):
+    staff: StaffOut
+    csrf_token: str | None = Field(
+        description="send as X-CSRF-Token with every state-changing request of this session"
+    )
+    expires_at: datetime | None = None
+
+
+class StaffMemberOut(Out):
+    id: int
+    email: str
+    display_name: str
+    disabled: bool
+    last_sign_in_at: datetime | None
+    created_at: datetime
+
+
+class StaffList(Out):
+    items: list[StaffMemberOut]
+
+
+# -- agents ---------------------------------------------------------------------------------
+
+
+class TwilioOut(Out):
+    configured: bool
+    account_sid: str | None = None
+    whatsapp_from: str | None = None
+    auth_token_set: bool = False
+
+
+class TelegramOut(Out):
+    configured: bool
+    bot_token_set: bool = False
+    webhook_secret_set: bool = False
+
+
+class ChannelsOut(Out):
+    """Whether each messaging channel has credentials of the agent's own; secrets never shown."""
+
+    twilio: TwilioOut
+    telegram: TelegramOut
+
+
+class AgentOut(Out):
+    slug: str
+    name: str
+    default_language: str
+    timezone: str
+    persona: str
+    custom_prompt: str
+    confidence_threshold: float
+    contact_route: str
+    widget_key: str
+    allowed_origins: list[str]
+    business_hours: dict[str, Any] | None = None
+    handoff_enabled: bool = True
+    handoff_text: str | dict[str, str] | None = None
+    out_of_hours_text: str | dict[str, str] | None = None
+    settings: dict[str, Any] = Field(
+        description="other settings (rate limits, guardrails...); channel secrets left out"
+    )
+    channels: ChannelsOut
+    embedder: str | None
+    embedding_dim: int | None
+    knowledge_version: int
+    created_at: datetime
+
+
+class AgentList(Out):
+    items: list[AgentOut]
+
+
+class TwilioPatch(Body):
+    """Fields given replace the stored ones; null removes one."""
+
+    account_sid: str | None = Field(None, pattern=r"^AC[0-9a-fA-F]{32}$")
+    auth_token: str | None = Field(None, min_length=1, max_length=200)
+    whatsapp_from: str | None = Field(None, pattern=r"^(whatsapp:)?\+[1-9][0-9]{6,14}$")
+
+
+class TelegramPatch(Body):
+    bot_token: str | None = Field(None, pattern=r"^[0-9]{1,20}:[A-Za-z0-9_-]{20,100}$")
+    webhook_secret: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,256}$")
+
+
+class ChannelsPatch(Body):
+    """A channel set to null loses the agent's own credentials (the environment's apply)."""
+
+    twilio: TwilioPatch | None = None
+    telegram: TelegramPatch | None = None
+
+
+class AgentPatch(Body):
+    """Only the fields given change."""
+
+    name: str | None = Field(None, min_length=1, max_length=200)
+    persona: str | None = Field(None, max_length=4000)
+    custom_prompt: str | None = Field(None, max_length=8000)
+    default_language: str | None = Field(None, pattern=_LANGUAGE)
+    timezone: str | None = Field(None, min_length=1, max_length=64)
+    confidence_threshold: float | None = Field(None, ge=0, le=1)
+    contact_route: str | None = Field(None, max_length=500)
+    allowed_origins: list[str] | None = Field(None, max_length=100)
+    business_hours: dict[str, list[str] | str | None] | None = Field(
+        None,
+        description='weekday (mon..sun) -> ["09:00-17:30"] or "closed"; {} or null: always',
+        examples=[{"mon": ["09:00-17:30"], "sat": "10:00-16:00", "sun": "closed"}],
+    )
+    handoff_enabled: bool | None = None
+    handoff_text: str | dict[str, str] | None = None
+    out_of_hours_text: str | dict[str, str] | None = None
+    settings: dict[str, Any] | None = Field(
+        None, description="merged into the agent's other settings; a key set to null is removed"
+    )
+    channels: ChannelsPatch | None = None
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str] | None) -> list[str] | None:
+        for origin in value or []:
+            if not re.fullmatch(r"https?://[^/\s]+/?", origin):
+                raise ValueError(f"{origin!r} is not an origin such as https://shop.example")
+        return value
+
+    @field_validator("settings")
+    @classmethod
+    def _no_secrets_here(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = {"twilio", "telegram"} & set(value or {})
+        if reserved:
+            raise ValueError(f"set {', '.join(sorted(reserved))} through channels")
+        return value
+
+
+# -- conversations --------------------------------------------------------------------------
+
+
+class ConversationQuery(Query):
+    agent: str | None = Field(None, description="an agent's slug")
+    channel: ChannelName | None = Field(
+        None, description="playground and test conversations are only listed when asked for"
+    )
+    low_confidence: bool = Field(False, description="only where the latest answer was weak")
+    waiting: bool = Field(False, description="only those waiting for staff")
+    status: Literal["bot", "waiting_for_staff", "staff"] | None = None
+    since: datetime | None = Field(None, description="last message at or after")
+    until: datetime | None = Field(None, description="last message before")
+    cursor: str | None = Field(None, max_length=200, description="next_cursor of the last page")
+    limit: int = Field(50, ge=1, le=200)
+
+
+class ConversationOut(Out):
+    id: int
+    agent: str
+    agent_name: str
+    channel: str
+    customer: str
+    conversation_key: str
+    status: str
+    assigned_to: str | None
+    language: str | None
+    summary_line: str | None
+    confidence: float | None
+    threshold: float
+    low_confidence: bool
+    messages: int
+    last_message_at: datetime
+    created_at: datetime
+
+
+class ConversationPageOut(Out):
+    items: list[ConversationOut]
+    next_cursor: str | None
+
+
+class SummaryOut(Out):
+    text: str
+    through_message: int
+    updated_at: datetime
+
+
+class MessageOut(Out):
+    id: int
+    role: str
+    text: str
+    author: str | None
+    turn_id: int | None
+    generation: int
+    delivery_status: str | None
+    error_code: str | None
+    created_at: datetime
+
+
+class RetrievedOut(Out):
+    url: str
+    match: float | None
+    score: float | None
+    passed: bool
+    reasons: list[str]
+
+
+class TurnTraceOut(Out):
+    id: int
+    question: str
+    rewritten_query: str | None
+    confidence: float | None
+    low_confidence: bool
+    mode: str
+    created_at: datetime
+    retrieved: list[RetrievedOut]
+    cited: list[dict[str, Any]]
+    timings_ms: dict[str, float]
+    trace: dict[str, Any]
+
+
+class ConversationDetailOut(Out):
+    conversation: ConversationOut
+    summary: SummaryOut | None
+    messages: list[MessageOut]
+    turns: list[TurnTraceOut]
+
+
+class StaffMessageBody(Body):
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class StaffMessageOut(Out):
+    message_id: int
+
+
+# -- content gaps ---------------------------------------------------------------------------
+
+
+class GapGroupOut(Out):
+    key: int = Field(description="the group's newest gap")
+    question: str
+    count: int
+    examples: list[str]
+    languages: list[str]
+    gap_ids: list[int]
+    first_seen: datetime
+    last_seen: datetime
+
+
+class GapList(Out):
+    items: list[GapGroupOut]
+    grouped_by: Literal["meaning", "wording"]
+
+
+class ResolveGapsBody(Body):
+    gap_ids: list[int] = Field(min_length=1, max_length=5000, description="a group's gap_ids")
+
+
+class ResolvedOut(Out):
+    resolved: int
+
+
+# -- sources --------------------------------------------------------------------------------
+
+
+class SourceOut(Out):
+    id: int
+    kind: str
+    location: str
+    status: str
+    last_crawled_at: datetime | None
+    last_error: str | None
+    pages: int
+    running: bool = Field(False, description="being indexed by this gateway right now")
+
+
+class SourceList(Out):
+    items: list[SourceOut]
+
+
+class SourceBody(Body):
+    """A page or site to crawl (url), a sitemap, or text to index as one page."""
+
+    kind: Literal["url", "sitemap", "text"]
+    url: str | None = Field(
+        None, max_length=2048, description="what to crawl; for text, the URL it is cited under"
+    )
+    title: str | None = Field(None, max_length=300, description="text only")
+    text: str | None = Field(None, max_length=200_000, description="text only (Markdown)")
+
+    @model_validator(mode="after")
+    def _complete(self) -> SourceBody:
+        if self.url is not None and not re.match(r"^(https?://[^/\s]+|/)\S*$", self.url):
+            raise ValueError("url must be an http(s) URL (or, for text, a path starting with /)")
+        if self.kind != "text":
+            if self.url is None or not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"a {self.kind} source needs an http(s) url")
+            if self.text is not None or self.title is not None:
+                raise ValueError("title and text are for text sources")
+        elif not self.text:
+            raise ValueError("a text source needs text")
+        elif self.url is None and not self.title:
+            raise ValueError("a text source needs a title or a url")
+        return self
+
+
+class RemovedOut(Out):
+    pages_removed: int
+
+
+# -- curated answers ------------------------------------------------------------------------
+
+
+def _check_pattern(value: str | None) -> str | None:
+    if value:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+    return value or None
+
+
+class CuratedBody(Body):
+    """A canned answer and what triggers it: a similar question, a keyword or a pattern."""
+
+    answer: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    question: str = Field("", max_length=1000)
+    keywords: list[str] = Field(default_factory=list, max_length=50)
+    pattern: str | None = Field(None, max_length=500, description="a regular expression")
+    language: str | None = Field(None, pattern=_LANGUAGE)
+    enabled: bool = True
+
+    _pattern = field_validator("pattern")(_check_pattern)
+
+    @model_validator(mode="after")
+    def _has_trigger(self) -> CuratedBody:
+        if not (self.question or self.pattern or any(k.strip() for k in self.keywords)):
+            raise ValueError("give a question, keywords or a pattern that triggers the answer")
+        return self
+
+
+class CuratedPatch(Body):
+    answer: str | None = Field(None, min_length=1, max_length=MAX_MESSAGE_CHARS)
+    question: str | None = Field(None, max_length=1000)
+    keywords: list[str] | None = Field(None, max_length=50)
+    pattern: str | None = Field(None, max_length=500)
+    language: str | None = Field(None, pattern=_LANGUAGE)
+    enabled: bool | None = None
+
+    _pattern = field_validator("pattern")(_check_pattern)
+
+
+class CuratedOut(Out):
+    id: int
+    question: str
+    keywords: list[str]
+    pattern: str | None
+    answer: str
+    language: str | None
+    enabled: bool
+    hit_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class CuratedList(Out):
+    items: list[CuratedOut]
+
+
+# -- answer checks --------------------------------------------------------------------------
+
+
+class CheckBody(Body):
+    """A test question asked nightly: the answer must hold each fact and/or cite the URL."""
+
+    question: str = Field(min_length=1, max_length=1000)
+    expected_facts: list[str] = Field(default_factory=list, max_length=20)
+    must_cite: str | None = Field(None, max_length=2048)
+    language: str | None = Field(None, pattern=_LANGUAGE)
+
+    @model_validator(mode="after")
+    def _has_expectation(self) -> CheckBody:
+        if not any(f.strip() for f in self.expected_facts) and not self.must_cite:
+            raise ValueError("give expected_facts or must_cite")
+        return self
+
+
+class CheckOut(Out):
+    id: int
+    question: str
+    expected_facts: list[str]
+    must_cite: str | None
+    language: str | None
+    created_at: datetime
+
+
+class CheckList(Out):
+    items: list[CheckOut]
+
+
+class CheckResultOut(Out):
+    id: int
+    run_id: int
+    check_id: int
+    question: str
+    passed: bool
+    answer: str
+    missing_facts: list[str]
+    cited_urls: list[str]
+    cited_ok: bool | None
+    confidence: float | None
+    error: str | None
+    turn_id: int | None
+    created_at: datetime
+
+
+class CheckResultList(Out):
+    items: list[CheckResultOut]
+
+
+class CheckResultQuery(Query):
+    latest: bool = Field(False, description="only the latest result of each check")
+    limit: int = Field(200, ge=1, le=1000)
+
+
+# -- playground -----------------------------------------------------------------------------
+
+
+class PlaygroundBody(Body):
+    """A message to the agent as a visitor would send it, with overrides for this chat only."""
+
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    session_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_-]{8,100}$", description="keeps a playground chat going"
+    )
+    language: str | None = Field(None, pattern=_LANGUAGE, description="reply language")
+    segment: str | None = Field(None, max_length=100, description="customer segment")
+    site_type: str | None = Field(None, max_length=100, description="e.g. shop, saas, public")
+    page: PageContext | None = None
+    diagnostics: bool = Field(True, description="end with a diagnostics event (the turn trace)")
+
+
+class ErrorDetail(Out):
+    code: str
+    message: str
+
+
+class ErrorOut(Out):
+    """Every error: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail

@@ -1,0 +1,68 @@
+"""What the staff console and the admin API work with, built once when the gateway starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+import asyncpg
+
+from core.handoff import Handoff
+from core.knowledge.ingest import Ingestor
+from core.knowledge.library import SourceLibrary
+from core.ports import Cache, Embedder
+from core.settings import Settings
+from core.store.agents import Agents
+from core.store.answer_checks import AnswerChecks
+from core.store.curated import CuratedAnswers
+from core.store.gaps import ContentGaps
+from core.store.knowledge import KnowledgeStore
+from core.store.staff import StaffAccounts, StaffSessions
+from core.store.transcripts import Transcripts
+from gateway.admin.auth import StaffAuth
+
+
+@dataclass(frozen=True)
+class AdminServices:
+    """One instance per gateway (``request.app[ADMIN]``): pages and API handlers share it, so
+    each concern (auth, conversations, gaps, sources...) has one way in."""
+
+    auth: StaffAuth
+    agents: Agents
+    staff: StaffAccounts
+    transcripts: Transcripts
+    gaps: ContentGaps
+    sources: SourceLibrary
+    curated: CuratedAnswers
+    checks: AnswerChecks
+    handoff: Handoff
+    embedder: Embedder
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        pool: asyncpg.Pool,
+        cache: Cache,
+        embedder: Embedder,
+        http: aiohttp.ClientSession,
+        handoff: Handoff,
+    ) -> AdminServices:
+        staff = StaffAccounts(pool)
+        knowledge = KnowledgeStore(pool)
+        return cls(
+            auth=StaffAuth(settings, staff, StaffSessions(pool), cache),
+            # No remembered agents: staff must see a change the moment they made it.
+            agents=Agents(pool),
+            staff=staff,
+            transcripts=Transcripts(pool),
+            gaps=ContentGaps(pool),
+            sources=SourceLibrary(knowledge, Ingestor(knowledge, embedder, http)),
+            curated=CuratedAnswers(pool),
+            checks=AnswerChecks(pool),
+            handoff=handoff,
+            embedder=embedder,
+        )
+
+    async def close(self) -> None:
+        await self.sources.close()

@@ -1,0 +1,95 @@
+"""The scheduled jobs of `parley serve` and `parley worker`, built on the process's resources."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from core.answer.factory import build_pipeline
+from core.jobs.answer_checks import run_answer_checks
+from core.jobs.housekeeping import purge_old, sweep_outbox
+from core.jobs.recrawl import recrawl
+from core.jobs.scheduler import Job, JobResult, JobRunner, JobScheduler, job_schedules, jobs_zone
+from core.knowledge.ingest import Ingestor
+from core.llm.openai_chat import close_chat_model, open_chat_model
+from core.memory import catch_up_summaries
+from core.store.agents import Agents
+from core.store.answer_checks import AnswerChecks
+from core.store.database import connect
+from core.store.job_runs import JobRun
+from core.store.knowledge import KnowledgeStore
+from core.store.outbox import Outbox
+from core.store.retention import Retention
+from gateway.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+AGENT_FRESH_SECONDS = 30.0
+# Summaries the answer checks' turns started get this long at shutdown; catch-up does the rest.
+SUMMARY_DRAIN_SECONDS = 5.0
+
+
+@asynccontextmanager
+async def open_jobs(runtime: Runtime) -> AsyncIterator[dict[str, Job]]:
+    """Every job by name, in the order operators see them, ready to run in this process."""
+    settings, pool = runtime.settings, runtime.database.pool
+    chat = open_chat_model(settings)
+    try:
+        agents = Agents(pool, fresh_for=AGENT_FRESH_SECONDS)
+        pipeline = build_pipeline(
+            settings, pool, runtime.cache, runtime.embedder, runtime.http, chat, agents
+        )
+        knowledge = KnowledgeStore(pool)
+        ingestor = Ingestor(knowledge, runtime.embedder, runtime.http)
+
+        async def summaries(run: JobRun) -> JobResult:
+            written = await catch_up_summaries(pipeline.memory)
+            return JobResult(f"{written} summaries brought up to date", {"written": written})
+
+        async def crawl(run: JobRun) -> JobResult:
+            return await recrawl(Agents(pool), knowledge, ingestor)
+
+        async def checks(run: JobRun) -> JobResult:
+            return await run_answer_checks(AnswerChecks(pool), agents, pipeline, run)
+
+        async def retention(run: JobRun) -> JobResult:
+            return await purge_old(Retention(pool), settings.retention_days)
+
+        async def sweep(run: JobRun) -> JobResult:
+            return await sweep_outbox(Outbox(pool))
+
+        runs = {
+            "summaries": summaries,
+            "recrawl": crawl,
+            "answer-checks": checks,
+            "retention": retention,
+            "outbox-sweep": sweep,
+        }
+        try:
+            yield {
+                name: Job(name, schedule, runs[name])
+                for name, schedule in job_schedules(settings).items()
+            }
+        finally:
+            await pipeline.memory.drain(within=SUMMARY_DRAIN_SECONDS)
+    finally:
+        await close_chat_model(chat)
+
+
+def job_runner(runtime: Runtime) -> JobRunner:
+    url = runtime.database.url
+    return JobRunner(runtime.database.pool, lambda: connect(url))
+
+
+async def run_scheduler(runtime: Runtime) -> None:
+    """The `jobs` background service: fires the scheduled jobs until cancelled."""
+    if not runtime.settings.jobs:
+        log.info("jobs.disabled setting=PARLEY_JOBS")
+        # Idle rather than return: a service that ends stops the whole worker.
+        await asyncio.Event().wait()
+        return
+    async with open_jobs(runtime) as jobs:
+        scheduler = JobScheduler(jobs.values(), job_runner(runtime), jobs_zone(runtime.settings))
+        await scheduler.run()
