@@ -119,6 +119,10 @@ def _sources(result: RetrievalResult, limit: int) -> list[SourceRef]:
     return sources
 
 
+# Turns staff or the nightly checks ask, not customers: they cost nothing and are no gaps.
+REHEARSALS = frozenset({"playground", "test"})
+
+
 def _record(request: TurnRequest, agent: Agent, language: str, **outcome: Any) -> TurnRecord:
     """What a turn saves: who asked what where, plus the ``outcome`` fields of the answer."""
     return TurnRecord(
@@ -128,7 +132,7 @@ def _record(request: TurnRequest, agent: Agent, language: str, **outcome: Any) -
         question=request.text,
         save_question=not request.already_saved,
         language=language,
-        count_usage=request.channel != "playground",  # trying things out costs nothing
+        count_usage=request.channel not in REHEARSALS,
         trace={},  # filled in by _conclude, once the timings are complete
         **outcome,
     )
@@ -276,7 +280,11 @@ class AnswerPipeline:
                 mode=generated.mode,
                 prompt_tokens=generated.usage.prompt_tokens if generated.usage else 0,
                 completion_tokens=generated.usage.completion_tokens if generated.usage else 0,
-                gap_reason=gap_reason(answer, low_confidence),
+                gap_reason=(
+                    gap_reason(answer, low_confidence)
+                    if request.channel not in REHEARSALS
+                    else None
+                ),
             ),
             shown,
             cited,

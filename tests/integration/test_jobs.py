@@ -519,6 +519,9 @@ async def test_answer_checks_run_through_the_pipeline_and_keep_results(
     turn = results[good.id].turn_id
     assert turn is not None
     assert await database.pool.fetchval("SELECT channel FROM turns WHERE id = $1", turn) == "test"
+    # ...but rehearsals: they are no customer's usage, and the weak ones are no content gaps
+    assert await database.pool.fetchval("SELECT count(*) FROM usage") == 0
+    assert await database.pool.fetchval("SELECT count(*) FROM content_gaps") == 0
 
     await checks.delete(shop.id, wrong_fact.id)
     latest = await checks.latest_results(shop.id)
