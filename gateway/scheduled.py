@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 
 from core.answer.factory import build_pipeline
 from core.jobs.answer_checks import run_answer_checks
@@ -23,6 +24,9 @@ from core.store.knowledge import KnowledgeStore
 from core.store.outbox import Outbox
 from core.store.retention import Retention
 from gateway.runtime import Runtime
+
+# The summaries job looks at conversations active this recently (the query stays cheap).
+CATCH_UP_WINDOW = timedelta(days=2)
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,9 @@ async def open_jobs(runtime: Runtime) -> AsyncIterator[dict[str, Job]]:
         ingestor = Ingestor(knowledge, runtime.embedder, runtime.http)
 
         async def summaries(run: JobRun) -> JobResult:
-            written = await catch_up_summaries(pipeline.memory)
+            # Older conversations catch up on their next turn, when their summary is read.
+            since = datetime.now(UTC) - CATCH_UP_WINDOW
+            written = await catch_up_summaries(pipeline.memory, active_since=since)
             return JobResult(f"{written} summaries brought up to date", {"written": written})
 
         async def crawl(run: JobRun) -> JobResult:

@@ -27,7 +27,18 @@ class InboxRow:
 
 
 _COLUMNS = ", ".join(InboxRow.__dataclass_fields__)
-_CLAIMABLE = "(status = 'pending' OR (status = 'processing' AND lease_until < now()))"
+_CANDIDATES = 50
+
+
+def _claimable(alias: str) -> str:
+    """Waiting, or held under a lease that ran out (its worker died)."""
+    return (
+        f"({alias}.status = 'pending'"
+        f" OR ({alias}.status = 'processing' AND {alias}.lease_until < now()))"
+    )
+
+
+_CLAIMABLE = _claimable("inbox")
 Connection: TypeAlias = "asyncpg.Connection | PoolConnectionProxy[Any]"
 
 
@@ -104,11 +115,25 @@ class InboxLeases:
     async def claim(self, *, quiet_for: float, lease: float, max_rows: int) -> InboxClaim | None:
         """The oldest conversation whose newest waiting message is ``quiet_for`` seconds old."""
         async with self._pool.acquire() as conn, conn.transaction():
+            # The oldest open messages of conversations that are ready: quiet for the burst
+            # window and not being answered. Walking the received_at index stops after
+            # _CANDIDATES rows, so a claim costs the same however long the backlog is.
             candidates = await conn.fetch(
-                f"""SELECT agent_id, channel, conversation_key FROM inbox
-                     WHERE {_CLAIMABLE}
+                f"""SELECT agent_id, channel, conversation_key FROM (
+                        SELECT i.agent_id, i.channel, i.conversation_key, i.received_at
+                          FROM inbox i
+                         WHERE i.status IN ('pending', 'processing') AND {_claimable("i")}
+                           AND NOT EXISTS (
+                               SELECT 1 FROM inbox n
+                                WHERE n.agent_id = i.agent_id AND n.channel = i.channel
+                                  AND n.conversation_key = i.conversation_key
+                                  AND n.status IN ('pending', 'processing')
+                                  AND ((n.status = 'processing' AND n.lease_until >= now())
+                                       OR ({_claimable("n")} AND n.received_at
+                                           > now() - make_interval(secs => $1))))
+                         ORDER BY i.received_at
+                         LIMIT {_CANDIDATES}) ready
                      GROUP BY agent_id, channel, conversation_key
-                    HAVING max(received_at) <= now() - make_interval(secs => $1)
                      ORDER BY min(received_at)
                      LIMIT 10""",
                 quiet_for,

@@ -6,9 +6,12 @@ import argparse
 import asyncio
 import errno
 import logging
+import secrets
 import socket
+import sys
 
 from aiohttp import web
+from pydantic import SecretStr
 
 from core.errors import ConfigError, NotFound
 from core.knowledge.ingest import Ingestor
@@ -90,11 +93,30 @@ async def prepare_demo(settings: Settings) -> DemoSite:
         return DemoSite(DEMO_SITE, agent.slug, agent.widget_key)
 
 
+def _demo_console(settings: Settings) -> Settings:
+    """The demo's staff console opens with a token made for this run, unless one is set.
+
+    It goes to the terminal that started the demo (as a notebook server's does), never to the
+    log: it is the key to every conversation.
+    """
+    if settings.admin_token is not None:
+        print(f"Staff console: http://{settings.host}:{settings.port}/admin", file=sys.stderr)
+        return settings
+    token = secrets.token_urlsafe(24)
+    print(
+        f"Staff console: http://{settings.host}:{settings.port}/admin "
+        f"(sign in with the token {token}; it lasts while this demo runs)",
+        file=sys.stderr,
+    )
+    return settings.model_copy(update={"admin_token": SecretStr(token)})
+
+
 def serve(args: argparse.Namespace, settings: Settings) -> None:
     sock = _listen(settings.host, settings.port)
     demo = asyncio.run(prepare_demo(settings)) if args.demo else None
     if demo is not None:
         log.info("demo.open url=http://%s:%d/", settings.host, settings.port)
+        settings = _demo_console(settings)
     web.run_app(
         create_app(settings, demo, background=True),
         sock=sock,
