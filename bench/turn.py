@@ -106,8 +106,9 @@ async def _level(
     return results
 
 
-async def _start_fake(ttft: float, rate: float) -> tuple[web.AppRunner, str]:
-    fake = FakeOpenAI(first_token_delay=ttft, token_delay=1.0 / rate, default_reply=REPLY)
+async def start_fake_llm(ttft: float, rate: float, reply: str = REPLY) -> tuple[web.AppRunner, str]:
+    """A fake OpenAI-compatible LLM on a free port: (its runner, its base URL without /v1)."""
+    fake = FakeOpenAI(first_token_delay=ttft, token_delay=1.0 / rate, default_reply=reply)
     runner = web.AppRunner(fake.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -125,7 +126,7 @@ def _free_port() -> int:
 
 
 async def main(args: argparse.Namespace) -> None:
-    runner, llm = await _start_fake(args.ttft, args.rate)
+    runner, llm = await start_fake_llm(args.ttft, args.rate)
     port = _free_port()
     parley = str(Path(sys.executable).with_name("parley"))
     with tempfile.TemporaryDirectory(prefix="parley-bench-turn-") as tmp:

@@ -3,9 +3,12 @@
     .venv/bin/python -m bench.webhooks                          # 200/s and 500/s, 20 s each
     .venv/bin/python -m bench.webhooks --rates 100 --seconds 5 --ramp 200 400 --ramp-seconds 3
 
-`parley serve` runs as a separate process on the embedded defaults (a temp data dir, no LLM:
-its in-process workers answer the inbox extractively and send through fake Twilio and
-Telegram APIs running in this process). Signed Twilio webhooks and Telegram updates, each one
+`parley serve` runs as a separate process on the embedded defaults (a temp data dir); its
+in-process workers answer the inbox and send through fake Twilio and Telegram APIs running in
+this process. With `--answers llm` (the default) the answers come from a fake OpenAI-compatible
+model in this process (200 ms to the first token, 50 tokens/s), as in a deployment with a
+model; with `--answers extractive` there is no model and the workers quote sentences, which
+costs the gateway's process CPU for every answer (the embedded default). Signed Twilio webhooks and Telegram updates, each one
 unique, are fired at fixed rates whatever the answers do (open loop), so latency is counted
 from the moment a request was due, queueing in the client included. The floor, in the same
 run and under the same load, is a bare aiohttp app in a process of its own whose handler does
@@ -44,12 +47,16 @@ import asyncpg
 from aiohttp import web
 from twilio.request_validator import RequestValidator
 
+from bench.turn import start_fake_llm
 from core.store.embedded import EmbeddedPostgres
 from gateway.app import POOL_SIZE
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 
 AGENT = "bench"
+# The fake model of --answers llm: a short reply, at a hosted model's pace.
+LLM_TTFT, LLM_RATE = 0.2, 50.0
+LLM_REPLY = "Your order ships within 2 working days and returns are free for 30 days [1]."
 HOST = "127.0.0.1"
 TWILIO_SID = "AC" + "b" * 32
 TWILIO_TOKEN = "bench-twilio-auth-token-0123456789"
@@ -58,7 +65,10 @@ TELEGRAM_TOKEN = "987654321:AABenchTelegramTokenForParley_x"
 TELEGRAM_SECRET = "bench-telegram-secret-0123456789"
 CHANNELS = ("twilio", "telegram")
 FLOOR_DATABASE = "bench_floor"
-WARM_UP = 20  # requests per channel and target before anything is measured
+# Before anything is measured, each target gets this many requests a second per channel for
+# WARM_UP_SECONDS: every code path runs once and the connection pools grow to what load needs.
+WARM_UP = 200
+WARM_UP_SECONDS = 2
 QUESTIONS = [
     "How long does delivery to Belgium take?",
     "Hoe lang duurt de levering naar Duitsland?",
@@ -360,9 +370,13 @@ async def _start_fakes() -> tuple[list[web.AppRunner], FakeTwilio, FakeTelegram,
     return runners, twilio, telegram, urls[0], urls[1]
 
 
-def _gateway_env(data_dir: Path, port: int, twilio_api: str, telegram_api: str) -> dict[str, str]:
+def _gateway_env(
+    data_dir: Path, port: int, twilio_api: str, telegram_api: str, llm: str | None
+) -> dict[str, str]:
     prefixes = ("PARLEY_", "OPENAI_", "TWILIO_", "TELEGRAM_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    if llm is not None:
+        env |= {"PARLEY_LLM_BASE_URL": f"{llm}/v1", "PARLEY_LLM_API_KEY": "sk-bench"}
     return env | {
         "PARLEY_DATA_DIR": str(data_dir),
         "PARLEY_HOST": HOST,
@@ -441,7 +455,7 @@ async def _ramp(target: Target, requests: Requests, channel: str, args: argparse
 async def _warm_up(target: Target, requests: Requests) -> None:
     """Open the connections and touch every code path once before anything is measured."""
     for channel in CHANNELS:
-        result = await target.drive(requests, channel, WARM_UP, 1)
+        result = await target.drive(requests, channel, WARM_UP, WARM_UP_SECONDS)
         if result.errors:
             raise RuntimeError(f"{target.name} refused the warm-up: {_describe(result)}")
 
@@ -631,7 +645,11 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     runners, fake_twilio, fake_telegram, twilio_api, telegram_api = await _start_fakes()
     release.extend(runners)
     port, floor_port = _free_port(), _free_port()
-    env = _gateway_env(data_dir, port, twilio_api, telegram_api)
+    llm = None
+    if args.answers == "llm":
+        llm_runner, llm = await start_fake_llm(LLM_TTFT, LLM_RATE, LLM_REPLY)
+        release.append(llm_runner)
+    env = _gateway_env(data_dir, port, twilio_api, telegram_api, llm)
     created = subprocess.run(
         [parley, "agent", "create", AGENT], env=env, cwd=tmp, capture_output=True, check=False
     )
@@ -639,7 +657,12 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
         raise RuntimeError(f"parley agent create failed:\n{created.stderr.decode()}")
 
     gateway_log, floor_log = tmp / "gateway.log", tmp / "floor.log"
-    gateway_process = processes.start([parley, "serve"], env, tmp, gateway_log)
+    serve = [parley, "serve"]
+    if args.layout != "one-process":
+        serve.append("--no-workers")
+    if args.layout == "split":
+        processes.start([parley, "worker"], env, tmp, tmp / "worker.log")
+    gateway_process = processes.start(serve, env, tmp, gateway_log)
     (tmp / "floor.py").write_text(textwrap.dedent(FLOOR_APP))
     floor_argv = [python, str(tmp / "floor.py"), floor_url, str(floor_port), str(POOL_SIZE)]
     floor_process = processes.start(floor_argv, dict(os.environ), tmp, floor_log)
@@ -656,9 +679,16 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     print("floor: one asyncpg INSERT per request", flush=True)
     await _warm_up(floor, requests)
     floor_results = await _measure(floor, requests, args)
-    print("gateway: parley serve, workers answering in-process", flush=True)
+    answering = "a fake model" if args.answers == "llm" else "extractively, no model"
+    where = {
+        "one-process": f"workers answering in-process ({answering})",
+        "split": f"workers answering in a `parley worker` process ({answering})",
+        "http-only": "--no-workers, nothing answering (the acknowledgement path alone)",
+    }[args.layout]
+    print(f"gateway: parley serve, {where}", flush=True)
     await _warm_up(gateway, requests)
-    await _wait_inbox_idle(parley_url, 60)
+    if args.layout != "http-only":
+        await _wait_inbox_idle(parley_url, 60)
     answered_before = await _answered(parley_url)
     started = time.monotonic()
     gateway_results = await _measure(gateway, requests, args)
@@ -675,7 +705,7 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     )
     ok = await _verify(parley_url, floor_url, gateway, floor, timeouts)
     print(
-        f"  the in-process workers answered {answered} rows during the gateway's "
+        f"  the workers answered {answered} rows during the gateway's "
         f"{load_seconds:.0f} s of load ({answered / load_seconds:.1f}/s)"
     )
     print(
@@ -778,6 +808,19 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive,
         default=100.0,
         help="a ramp step passes with p99 under this many ms (default: 100)",
+    )
+    parser.add_argument(
+        "--answers",
+        choices=["llm", "extractive"],
+        default="llm",
+        help="how the gateway's workers answer: a fake model (default) or extractively",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=["one-process", "split", "http-only"],
+        default="one-process",
+        help="`parley serve` answering in-process (default), `parley serve --no-workers` next "
+        "to a `parley worker` process, or `parley serve --no-workers` alone",
     )
     parser.add_argument(
         "--connections", type=int, default=64, help="client connections per target (default: 64)"

@@ -39,6 +39,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="serve the bundled sample shop at / with the chat bubble (agent 'demo')",
     )
+    serve.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="HTTP only: WhatsApp / Telegram answers and scheduled jobs run in `parley worker`",
+    )
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -118,7 +123,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> None:
         log.info("demo.open url=http://%s:%d/", settings.host, settings.port)
         settings = _demo_console(settings)
     web.run_app(
-        create_app(settings, demo, background=True),
+        create_app(settings, demo, background=not args.no_workers),
         sock=sock,
         print=None,
         shutdown_timeout=SHUTDOWN_GRACE,
