@@ -102,6 +102,13 @@ def test_invalid_setting_stops_the_start(tmp_path: Path) -> None:
     assert _one_line_error(result).startswith("parley: error: invalid setting PARLEY_PORT:")
 
 
+def test_worker_concurrency_is_checked_before_anything_starts(tmp_path: Path) -> None:
+    result = run_parley("worker", "--concurrency", "0", cwd=tmp_path)
+    assert _one_line_error(result).startswith(
+        "parley: error: invalid setting PARLEY_WORKER_CONCURRENCY:"
+    )
+
+
 def test_embedded_postgres_starts_is_reused_and_stops(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = run_parley("migrate", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
