@@ -55,7 +55,7 @@ class Rig:
     async def ask(self, text: str, key: str = "conv-1", **fields: object) -> CollectingTurnOutput:
         output = CollectingTurnOutput()
         request = TurnRequest(
-            agent="shop", channel="test", conversation_key=key, text=text, **fields
+            agent="shop", channel="api", conversation_key=key, text=text, **fields
         )  # type: ignore[arg-type]
         await self.pipeline.run(request, output)
         return output
@@ -249,7 +249,7 @@ async def test_nothing_is_saved_until_the_stream_has_ended(rig: Rig) -> None:
     output = Watching()
     await rig.pipeline.run(
         TurnRequest(
-            agent="shop", channel="test", conversation_key="c", text="Delivery time to Belgium?"
+            agent="shop", channel="api", conversation_key="c", text="Delivery time to Belgium?"
         ),
         output,
     )
