@@ -20,17 +20,13 @@ import asyncio
 import os
 import random
 import statistics
-import tempfile
 import time
 import uuid
-import warnings
-from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import redis.asyncio as aioredis
 
+from bench.database import bench_settings
 from core.cache import LocalCache, RedisCache
 from core.memory import ConversationMemory, Summarizer
 from core.ports import Cache
@@ -224,28 +220,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="parley-bench-") as tmp:
-        url = os.environ.get("PARLEY_DATABASE_URL")
-        name = f"bench_{uuid.uuid4().hex[:8]}"
-        server: Any = None
-        if url is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                from pgserver.postgres_server import get_server
-            server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
-            url = server.get_uri("postgres")
-        admin = await asyncpg.connect(url)
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        await admin.close()
-        bench_url = urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-        try:
-            await _run(args, Settings(_env_file=None, database_url=bench_url))  # type: ignore[call-arg]
-        finally:
-            admin = await asyncpg.connect(url)
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.close()
-            if server is not None:
-                server.cleanup()
+    async with bench_settings() as settings:
+        await _run(args, settings)
 
 
 if __name__ == "__main__":
