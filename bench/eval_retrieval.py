@@ -14,18 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import tempfile
-import uuid
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
-
+from bench.database import bench_settings
 from core.cache import LocalCache
 from core.knowledge.ingest import Ingestor
 from core.knowledge.locale import language_of, locale_from_url
@@ -139,28 +133,9 @@ def print_table(results: dict[str, dict[str, list[tuple[float, float, float]]]],
 
 async def main(args: argparse.Namespace) -> None:
     questions = load_questions(DATA / "questions.jsonl")
-    base = os.environ.get("PARLEY_DATABASE_URL")
-    with tempfile.TemporaryDirectory(prefix="parley-eval-") as tmp:
-        server: Any = None
-        if base is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                from pgserver.postgres_server import get_server
-            server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
-            base = server.get_uri("postgres")
-        name = f"eval_{uuid.uuid4().hex[:8]}"
-        admin = await asyncpg.connect(base)
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        await admin.close()
-        try:
-            url = urlunsplit(urlsplit(base)._replace(path=f"/{name}"))
-            results = await evaluate(url, questions, args.by)
-        finally:
-            admin = await asyncpg.connect(base)
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await admin.close()
-            if server is not None:
-                server.cleanup()
+    async with bench_settings() as settings:
+        assert settings.database_url is not None
+        results = await evaluate(settings.database_url.get_secret_value(), questions, args.by)
     print()
     print_table(results, args.by)
 
