@@ -29,9 +29,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## eval: retrieval quality on the bundled multilingual shop (hit@1, hit@5, MRR@10)
+## eval: retrieval quality (hit@1, hit@5, MRR@10) and answer quality (facts, deferrals,
+## confidence calibration) on the bundled multilingual shop
 eval: $(STAMP)
 	$(BIN)/python -m bench.eval_retrieval
+	$(BIN)/python -m bench.eval_answers
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

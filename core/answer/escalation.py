@@ -250,6 +250,7 @@ DEFAULT_HANDOFF_TEXTS: Mapping[str, str] = {
     "fr": "J'ai demandé à un collègue de prendre le relais. Une personne vous répondra ici dès "
     "que possible.",
     "es": "He pedido a un compañero que se una. Una persona te responderá aquí lo antes posible.",
+    "it": "Ho chiesto a un collega di unirsi. Una persona ti risponderà qui il prima possibile.",
 }
 DEFAULT_OUT_OF_HOURS_TEXTS: Mapping[str, str] = {
     "en": "Our team isn't available right now. Leave your message here and a person will reply "
@@ -262,6 +263,8 @@ DEFAULT_OUT_OF_HOURS_TEXTS: Mapping[str, str] = {
     "personne vous répondra dès notre retour.",
     "es": "Nuestro equipo no está disponible en este momento. Deja tu mensaje aquí y una persona "
     "te responderá en cuanto volvamos.",
+    "it": "Il nostro team non è disponibile in questo momento. Lascia qui il tuo messaggio e una "
+    "persona ti risponderà non appena saremo di nuovo disponibili.",
 }
 
 

@@ -29,8 +29,9 @@ def build_pipeline(
     chat: ChatModel | None,
     agents: Agents | None = None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    config: PipelineConfig | None = None,
 ) -> AnswerPipeline:
-    config = PipelineConfig(
+    config = config or PipelineConfig(
         rewrite_model=settings.rewrite_model, rewrite_timeout_ms=settings.rewrite_timeout_ms
     )
     return AnswerPipeline(

@@ -24,6 +24,10 @@ REFUSALS: Mapping[str, str] = MappingProxyType(
         "Produkten und Dienstleistungen.",
         "fr": "Je ne peux pas partager cela, mais je vous aide volontiers pour toute question "
         "sur nos produits et services.",
+        "es": "No puedo compartir eso, pero con gusto te ayudo con preguntas sobre nuestros "
+        "productos y servicios.",
+        "it": "Non posso condividerlo, ma ti aiuto volentieri con domande sui nostri prodotti "
+        "e servizi.",
     }
 )
 

@@ -10,19 +10,23 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from core.answer.confidence import Signals, confidence
 from core.answer.curated import match_curated
 from core.answer.escalation import HandoffPolicy, asks_for_person
-from core.answer.gaps import gap_reason
+from core.answer.extractive import ExtractiveAnswer, Passage, extractive_answer, subject_of
+from core.answer.gaps import gap_reason, is_deferred
 from core.answer.guard import StreamGuard, refusal
+from core.answer.phrases import deferral
 from core.answer.postprocess import postprocess
 from core.answer.prompt import PromptInput, PromptSource, build_messages, secret_text
+from core.answer.question import Question, guess_language
 from core.answer.rewrite import QueryRewriter
 from core.errors import Unavailable
-from core.knowledge.locale import detect_language, language_of
-from core.llm.extractive import extractive_answer
+from core.knowledge.locale import detect_language, language_of, locale_from_url
 from core.memory import ConversationMemory
 from core.ports import ChatModel, Embedder, Usage
-from core.retrieval.retriever import Hit, RetrievalQuery, RetrievalResult, Retriever
+from core.retrieval.boosts import same_page
+from core.retrieval.retriever import Hit, RetrievalQuery, Retriever
 from core.store.agents import Agent, Agents
 from core.store.conversations import Conversations, TurnRecord
 from core.store.curated import CuratedAnswers
@@ -31,10 +35,15 @@ from core.turns import TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
 
-NOTHING_RETRIEVED_CONFIDENCE = 0.3
 # Question-to-statement similarity with the bundled encoder is lower than question-to-question
 # (a right sentence scores about 0.3); below this a sentence is not quoted as an answer.
 EXTRACTIVE_MIN_SIMILARITY = 0.28
+# Below this estimated probability of being right, an answer is flagged low_confidence (and
+# the extractive answerer defers); agents may set their own in settings["answer_threshold"].
+ANSWER_THRESHOLD = 0.45
+# The best pages are read whole for a quote: the retrieved chunk shows which page answers,
+# the answer itself may sit in a table or a list next to it.
+WHOLE_PAGES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,8 @@ class SourceRef:
     title: str
     score: float
     text: str
+    locale: str | None = None
+    page_id: int | None = None
 
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "url": self.url, "title": self.title, "score": self.score}
@@ -73,6 +84,7 @@ class TurnOutcome:
     conversation_id: int | None = None
     turn_id: int | None = None
     error: str | None = None
+    searched: str | None = None  # the self-contained search query, when it differs
 
 
 class _Output:
@@ -106,16 +118,20 @@ class _Trace:
         return {**self.data, "timings_ms": self.timings}
 
 
-def _sources(result: RetrievalResult, limit: int) -> list[SourceRef]:
-    """The surviving chunks grouped by page: one numbered source per page, best first."""
+def _sources(hits: Sequence[Hit], limit: int) -> list[SourceRef]:
+    """The chunks grouped by page: one numbered source per page, best first."""
     by_page: dict[str, list[Hit]] = {}
-    for hit in result.hits:
+    for hit in hits:
         by_page.setdefault(hit.url, []).append(hit)
     sources = []
     for number, hits in enumerate(list(by_page.values())[:limit], start=1):
         best = hits[0]
         text = "\n\n".join(h.text for h in sorted(hits, key=lambda h: h.chunk_id))
-        sources.append(SourceRef(number, best.url, best.title, round(best.match, 4), text))
+        sources.append(
+            SourceRef(
+                number, best.url, best.title, round(best.match, 4), text, best.locale, best.page_id
+            )
+        )
     return sources
 
 
@@ -207,11 +223,13 @@ class AnswerPipeline:
             return await self._finish_canned(request, agent, out, trace, curated.answer, language)
 
         step = time.perf_counter()
+        page_title = request.page.title if request.page else None
         rewrite = await self._rewriter.rewrite(
             f"{agent.id}:{request.channel}:{request.conversation_key}",
             request.text,
             history,
             summary=memory.summary,
+            page_subject=subject_of(page_title) if page_title else None,
         )
         trace.lap("rewrite", step)
         trace.data.update(
@@ -232,15 +250,30 @@ class AnswerPipeline:
              "boost": h.boost, "reasons": list(h.reasons), "passed": h in result.hits}
             for h in result.ranked[:10]
         ]  # fmt: skip
-        sources = _sources(result, self._config.max_sources)
-        confidence = result.confidence if result.ranked else NOTHING_RETRIEVED_CONFIDENCE
-        low_confidence = result.low_confidence or (confidence or 0.0) < agent.confidence_threshold
+        # Without a model, the best candidates are read even below the bar: the estimate of
+        # the quote's confidence, not the match alone, decides whether it is said.
+        candidates = result.hits or (result.ranked if self._chat is None else ())
+        sources = _sources(candidates, self._config.max_sources)
+        match = result.confidence or 0.0
+        question = Question.read(rewrite.query, language, latest=request.text)
+        threshold = float(agent.settings.get("answer_threshold", ANSWER_THRESHOLD))
         await out.emit(TurnEvent.status("reading"))
+
+        step = time.perf_counter()
+        quote = await self._quote(request, agent, question, sources)
+        signals = Signals.of(quote.evidence, match, bool(question.wants))
+        estimate = confidence(signals) if quote.answered else 0.0
+        low_confidence = estimate < threshold
+        trace.lap("quote", step)
+        trace.data["confidence_signals"] = signals.as_dict()
         await out.emit(TurnEvent.status("answering"))
 
         step = time.perf_counter()
         if self._chat is None:
-            generated = await self._extractive(request, agent, sources, language, out)
+            answered = quote.answered and not low_confidence
+            text = quote.text if answered else deferral(language, agent.contact_route)
+            await self._paced(text, out)
+            generated = _Generated(text=text, mode="extractive", deferred=not answered)
         else:
             generated = await self._generate(
                 request, agent, sources, history, memory.summary, language, out, trace
@@ -253,12 +286,19 @@ class AnswerPipeline:
         processed = postprocess(generated.text, len(sources), [s.text for s in sources])
         answer = processed.text if not generated.leaked else generated.text
         cited = processed.citations if not generated.leaked else ()
-        # What the visitor sees as sources: those the answer cites (none when it cites none).
-        shown = [] if generated.leaked else [s for s in sources if s.id in cited]
+        # What the visitor sees as sources: those the answer cites (none when it cites none),
+        # numbered as the answer now cites them.
+        renumbered = (
+            {} if generated.leaked else dict(zip(cited, processed.source_numbers, strict=True))
+        )
+        by_number = {s.id: s for s in sources}
+        shown = [replace(by_number[old], id=new) for new, old in renumbered.items()]
         trace.data.update(
             {
+                # Numbered as in the prompt; "cited_sources" maps each citation to one of them.
                 "sources": [s.public() for s in sources],
                 "citations": list(cited),
+                "cited_sources": {str(new): old for new, old in renumbered.items()},
                 "disconnected": out.gone,
                 "guard": "leak" if generated.leaked else "ok",
                 "model": generated.model,
@@ -275,7 +315,7 @@ class AnswerPipeline:
                 language,
                 answer=answer,
                 rewritten_query=rewrite.query if rewrite.method != "verbatim" else None,
-                confidence=confidence,
+                confidence=estimate,
                 low_confidence=low_confidence,
                 mode=generated.mode,
                 prompt_tokens=generated.usage.prompt_tokens if generated.usage else 0,
@@ -288,6 +328,8 @@ class AnswerPipeline:
             ),
             shown,
             cited,
+            deferred=generated.deferred or is_deferred(answer),
+            searched=rewrite.query if rewrite.method != "verbatim" else None,
         )
 
     async def _conclude(
@@ -298,6 +340,9 @@ class AnswerPipeline:
         record: TurnRecord,
         shown: Sequence[SourceRef],
         cited: tuple[int, ...],
+        *,
+        deferred: bool = False,
+        searched: str | None = None,
     ) -> TurnOutcome:
         """Sources, then the turn saved (after the stream, never during it), then done."""
         await out.emit(TurnEvent("sources", {"sources": [s.public() for s in shown]}))
@@ -313,6 +358,7 @@ class AnswerPipeline:
                     "citations": list(cited),
                     "answer": record.answer,
                     "mode": record.mode,
+                    "deferred": deferred,
                 },
             )
         )
@@ -326,6 +372,7 @@ class AnswerPipeline:
             low_confidence=record.low_confidence,
             conversation_id=saved.conversation_id,
             turn_id=saved.turn_id,
+            searched=searched,
         )
 
     async def _handoff_turn(
@@ -397,11 +444,16 @@ class AnswerPipeline:
         return outcome
 
     def _language(self, request: TurnRequest, agent: Agent) -> str:
+        """The reply language: what the visitor wrote in, else the page's language."""
         if request.overrides and request.overrides.get("language"):
             return language_of(str(request.overrides["language"]))
+        written = detect_language(request.text) or guess_language(request.text)
+        if written:
+            return written
         if request.language:
             return language_of(request.language)
-        return detect_language(request.text) or language_of(agent.default_language)
+        folder = locale_from_url(request.page.url) if request.page and request.page.url else None
+        return language_of(folder) if folder else language_of(agent.default_language)
 
     def _retrieval_query(
         self, request: TurnRequest, agent: Agent, text: str, language: str
@@ -443,24 +495,35 @@ class AnswerPipeline:
             (),
         )
 
-    async def _extractive(
+    async def _quote(
         self,
         request: TurnRequest,
         agent: Agent,
+        question: Question,
         sources: Sequence[SourceRef],
-        language: str,
-        out: _Output,
-    ) -> _Generated:
-        result = await extractive_answer(
-            request.text,
-            [s.text for s in sources],
+    ) -> ExtractiveAnswer:
+        """The sources' own words that answer: the extractive answer, and the evidence the
+        confidence estimate rests on with or without a model."""
+        page_url = request.page.url if request.page else None
+        whole = await self._retriever.page_texts(
+            agent.id, [s.page_id for s in sources[:WHOLE_PAGES] if s.page_id is not None]
+        )
+        passages = [
+            Passage(
+                s.title,
+                whole.get(s.page_id or 0, s.text),
+                language_of(s.locale) if s.locale else None,
+                current=page_url is not None and same_page(s.url, page_url),
+            )
+            for s in sources
+        ]
+        return await extractive_answer(
+            question,
+            passages,
             self._embedder,
-            language=language,
             contact_route=agent.contact_route,
             min_similarity=EXTRACTIVE_MIN_SIMILARITY,
         )
-        await self._paced(result.text, out)
-        return _Generated(text=result.text, mode="extractive")
 
     async def _paced(self, text: str, out: _Output) -> None:
         for number, piece in enumerate(_word_chunks(text)):
@@ -557,6 +620,7 @@ class _Generated:
     usage: Usage | None = None
     error: str | None = None
     message: str = ""
+    deferred: bool = False
 
     @classmethod
     def failed(cls, message: str, model: str) -> _Generated:

@@ -13,7 +13,11 @@ PROMPT_TAGS = ("source", "sources", "history", "summary", "page")
 @dataclass(frozen=True, slots=True)
 class Processed:
     text: str
-    citations: tuple[int, ...]  # distinct 1-based source numbers, in order of first citation
+    # 1..n: the answer's citations, renumbered in the order the text first uses them, so the
+    # visitor reads [1], [2], ... and a source list numbered the same way.
+    citations: tuple[int, ...]
+    # The prompt's number of each cited source: citation n cites source source_numbers[n - 1].
+    source_numbers: tuple[int, ...]
 
 
 def postprocess(answer: str, source_count: int, source_texts: Sequence[str]) -> Processed:
@@ -25,7 +29,10 @@ def postprocess(answer: str, source_count: int, source_texts: Sequence[str]) -> 
     text = _tidy(text)
     cited = [int(n) for n in _CITATION.findall(text)]
     valid_listed = [n for n in listed if 1 <= n <= source_count]
-    return Processed(text, tuple(dict.fromkeys([*cited, *valid_listed])))
+    # Sources named only on a dropped "Sources: ..." line come after those the text cites.
+    order = tuple(dict.fromkeys([*cited, *valid_listed]))
+    text = _renumber(text, {old: new for new, old in enumerate(order, start=1)})
+    return Processed(text, tuple(range(1, len(order) + 1)), order)
 
 
 # -- prompt markup ----------------------------------------------------------------------
@@ -119,6 +126,21 @@ def _normalise_citations(text: str, source_count: int) -> str:
     text = _CITATION_FORMS.sub(replace, text)
     # "[1][1]" and "[1] [1]" say it once
     return re.sub(r"\[(\d+)\](?:[ \t]*\[\1\])+", r"[\1]", text)
+
+
+# Citations side by side: "[2][3]", "[3] [1]".
+_CITATION_RUN = re.compile(r"\[\d+\](?!\()(?:[ \t]*\[\d+\](?!\())*")
+
+
+def _renumber(text: str, numbers: dict[int, int]) -> str:
+    """Every citation [old] as [numbers[old]]; a group reads in ascending order ("[1][2]")."""
+
+    def replace(match: re.Match[str]) -> str:
+        run = match.group()
+        new = sorted({numbers[int(n)] for n in _CITATION.findall(run)})
+        return (" " if re.search(r"\s", run) else "").join(f"[{n}]" for n in new)
+
+    return _CITATION_RUN.sub(replace, text)
 
 
 # -- numbers glued to words -------------------------------------------------------------

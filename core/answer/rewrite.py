@@ -22,15 +22,24 @@ CACHE_TTL = 2 * 60 * 60
 MAX_TOKENS = 60
 SHORT_QUESTION_WORDS = 5
 
-# Openings and words that lean on what was said before, in en / nl / de / fr.
+# Openings and words that lean on what was said before, in en / nl / de / fr / es / it.
 _FOLLOW_UP_START = re.compile(
     r"^\s*(and|but|also|what about|how about|so|then|en|maar|ook|en wat|und|aber|auch|"
-    r"und was|et|mais|aussi|et pour)\b",
+    r"und was|et|mais|aussi|et pour|y|pero|también|e|ma|anche)\b",
     re.IGNORECASE,
 )
 _ANAPHORA = re.compile(
     r"\b(it|its|that|this|these|those|they|them|one|ones|het|dat|die|deze|dit|ze|hem|"
-    r"es|das|dieser|diese|davon|dafür|ça|cela|celui|celle|ceux|le|la|les)\b",
+    r"es|das|dieser|diese|davon|dafür|ça|cela|celui|celle|ceux|le|la|les|hij|er|ihn|lo|esto|"
+    r"eso|questo|quello)\b",
+    re.IGNORECASE,
+)
+
+# Words by which a first question points at the page the visitor is on ("is it waterproof?",
+# "en wat kost hij?", "und was kostet er?"); articles that double as pronouns are left out.
+_POINTS_AT_PAGE = re.compile(
+    r"\b(it|its|this|these|they|them|hij|hem|dit|deze|ze|er|ihn|ihm|dieser|diese|dieses|il|"
+    r"elle|cet|cette|ces|ceci|este|esta|estos|estas|questo|questa|questi)\b",
     re.IGNORECASE,
 )
 
@@ -51,22 +60,33 @@ class Rewrite:
     reason: str | None = None  # why the heuristic was used
 
 
-def is_follow_up(question: str, history: Sequence[tuple[str, str]]) -> bool:
-    """A question that needs the conversation to be understood (never the first turn)."""
+def is_follow_up(
+    question: str, history: Sequence[tuple[str, str]], page_subject: str | None = None
+) -> bool:
+    """A question that needs the conversation, or the page the visitor is on, to be
+    understood ("and how much does it cost?" on a product page)."""
+    starts = bool(_FOLLOW_UP_START.search(question))
     if not any(role == "visitor" for role, _ in history):
-        return False
+        points = starts or bool(_POINTS_AT_PAGE.search(question))
+        return page_subject is not None and points and not _names_it(question, page_subject)
     words = re.findall(r"\w+", question)
-    return (
-        len(words) <= SHORT_QUESTION_WORDS
-        or bool(_FOLLOW_UP_START.search(question))
-        or bool(_ANAPHORA.search(question))
-    )
+    return len(words) <= SHORT_QUESTION_WORDS or starts or bool(_ANAPHORA.search(question))
 
 
-def heuristic_rewrite(question: str, history: Sequence[tuple[str, str]]) -> str:
-    """Deterministic fallback: the previous visitor message gives the topic."""
+def _names_it(question: str, subject: str) -> bool:
+    return subject.casefold() in question.casefold()
+
+
+def heuristic_rewrite(
+    question: str, history: Sequence[tuple[str, str]], page_subject: str | None = None
+) -> str:
+    """Deterministic rewrite: the previous visitor message and the page the visitor is on
+    give the topic; the visitor's own words come last."""
     previous = next((text for role, text in reversed(history) if role == "visitor"), "")
-    return f"{previous} {question}".strip()
+    parts = [previous]
+    if page_subject and not _names_it(f"{previous} {question}", page_subject):
+        parts.insert(0, page_subject)
+    return " ".join(p for p in (*parts, question) if p).strip()
 
 
 class QueryRewriter:
@@ -85,23 +105,30 @@ class QueryRewriter:
         history: Sequence[tuple[str, str]],
         *,
         summary: str | None = None,
+        page_subject: str | None = None,
     ) -> Rewrite:
         """``scope`` names the conversation (agent and key) for the cache; ``summary`` is what
-        the conversation said before ``history``, for a topic named only long ago."""
-        if not is_follow_up(question, history):
+        the conversation said before ``history``, for a topic named only long ago;
+        ``page_subject`` what the page the visitor is on is about."""
+        if not is_follow_up(question, history, page_subject):
             return Rewrite(question, "verbatim")
         started = time.perf_counter()
         recent = history[-6:]
-        digest = hashlib.sha256(repr((summary, recent, question)).encode()).hexdigest()[:24]
+        digest = hashlib.sha256(
+            repr((summary, recent, question, page_subject)).encode()
+        ).hexdigest()[:24]
         key = f"rewrite:{scope}:{digest}"
         cached = await self._cache.get(key)
         if cached:
             return Rewrite(cached, "cached", _ms(started))
         if self._chat is None:
-            return Rewrite(heuristic_rewrite(question, history), "heuristic", 0.0, "no_llm")
+            fallback = heuristic_rewrite(question, history, page_subject)
+            return Rewrite(fallback, "heuristic", 0.0, "no_llm")
         transcript = "\n".join(f"{role}: {text}" for role, text in recent)
         if summary:
             transcript = f"(earlier: {summary})\n{transcript}"
+        if page_subject:
+            transcript = f"(the visitor is on the page about: {page_subject})\n{transcript}"
         try:
             text = await self._chat.complete(
                 [
@@ -116,10 +143,12 @@ class QueryRewriter:
         except Unavailable as exc:
             reason = "timeout" if "timeout" in exc.message.lower() else "error"
             log.info("rewrite.fallback reason=%s", reason)
-            return Rewrite(heuristic_rewrite(question, history), "heuristic", _ms(started), reason)
+            fallback = heuristic_rewrite(question, history, page_subject)
+            return Rewrite(fallback, "heuristic", _ms(started), reason)
         query = " ".join(text.strip().strip('"').split())
         if not query:
-            return Rewrite(heuristic_rewrite(question, history), "heuristic", _ms(started), "empty")
+            fallback = heuristic_rewrite(question, history, page_subject)
+            return Rewrite(fallback, "heuristic", _ms(started), "empty")
         await self._cache.set(key, query, ttl=CACHE_TTL)
         return Rewrite(query, "llm", _ms(started))
 

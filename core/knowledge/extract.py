@@ -269,7 +269,36 @@ def _trafilatura(html: str, url: str, *, favor_precision: bool = False) -> str:
     return _clean(text or "")
 
 
+def _terms_as_items(tree: Any) -> str | None:
+    """The page with each definition list's term and description on one line ("Price:
+    €169.95"), or None when it has none. Extractors otherwise give the term and its value as
+    separate lines, and a value alone ("€169.95") says nothing about what it is."""
+    if not tree.xpath("//dl"):
+        return None
+    tree = copy.deepcopy(tree)
+    for dl in tree.xpath("//dl"):
+        items = []
+        term: str | None = None
+        for child in dl.iterchildren("dt", "dd", "div"):
+            pairs = child.iterchildren("dt", "dd") if child.tag == "div" else [child]
+            for element in pairs:
+                text = _squash(element.text_content())
+                if element.tag == "dt":
+                    term = text
+                elif text:
+                    items.append(f"{term.rstrip(':')}: {text}" if term else text)
+        ul = lxml.html.Element("ul")
+        for item in items:
+            li = lxml.html.Element("li")
+            li.text = item
+            ul.append(li)
+        ul.tail = dl.tail
+        dl.getparent().replace(dl, ul)
+    return str(lxml.html.tostring(tree, encoding="unicode"))
+
+
 def _main_text(html: str, url: str, tree: Any) -> str:
+    html = _terms_as_items(tree) or html
     text = _trafilatura(html, url)
     if len(text) >= SHORT_TEXT:
         return text

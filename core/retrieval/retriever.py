@@ -129,6 +129,22 @@ class Retriever:
         await self._cache.set(key, result.to_json(), ttl=CACHE_TTL)
         return result
 
+    async def page_texts(self, agent_id: int, page_ids: Sequence[int]) -> dict[int, str]:
+        """The whole text of each page, its headings as Markdown lines: what an answer may
+        quote when a retrieved chunk shows the page is the one that answers."""
+        chunks = await self._search.page_chunks(agent_id, list(page_ids))
+        texts = {}
+        for page_id, parts in chunks.items():
+            lines: list[str] = []
+            last = None
+            for heading, text in parts:
+                if heading and heading != last:
+                    lines.append(f"## {heading.split(' > ')[-1]}")
+                    last = heading
+                lines.append(text)
+            texts[page_id] = "\n\n".join(lines)
+        return texts
+
     async def embed_queries(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """Question vectors in one batch, for callers that retrieve many at once."""
         return await self._embedder.embed(list(texts))

@@ -150,7 +150,8 @@ class Conversations:
                        VALUES ($1, $2, $3, $4, $5, $6)""",
                     record.agent_id,
                     turn_id,
-                    record.question,
+                    # the self-contained question: "and how much is it?" names no product
+                    record.rewritten_query or record.question,
                     record.language,
                     record.gap_reason,
                     record.confidence,

@@ -38,6 +38,9 @@ class Candidate:
     tags: tuple[str, ...]
     dense: float  # cosine similarity to the query
     lexical: float  # full-text rank in [0, 1), 0 when the words do not match
+    # How nearly one heading (or title) or one sentence of the chunk is the query itself:
+    # the Dice overlap of their distinct lexemes, 1.0 when word for word, 0 without a match.
+    exactness: float = 0.0
 
 
 _COLUMNS = """c.id AS chunk_id, c.page_id, p.url, p.title, c.heading, c.text, c.locale,
@@ -50,10 +53,17 @@ _FILTERS = """c.agent_id = $1
           AND ($6::text IS NULL OR c.folder_language IS NULL OR c.folder_language = $6)"""
 
 
+# A heading path is "Page title | Site > Section > Subsection": each part is a title of its
+# own. Text splits into lines (list items, table rows, FAQ questions) and sentences.
+_HEADING_PARTS = r"\s+[>|]\s+"
+_SENTENCES = r"\n+|(?<=[.!?])\s+"
+
+
 def _candidate(row: asyncpg.Record) -> Candidate:
     values = dict(row)
     values["tags"] = tuple(values["tags"])
     values["lexical"] = float(values.get("lexical") or 0.0)
+    values["exactness"] = float(values.get("exactness") or 0.0)
     values["dense"] = float(values["dense"])
     return Candidate(**values)
 
@@ -118,22 +128,61 @@ class ChunkSearch:
 
         The words are OR-ed: visitors' questions are full sentences that no chunk matches
         word for word. The dense similarity is computed too, so fusion compares like with like.
+        Each row also says how exactly the query is one of the chunk's headings or sentences:
+        a question typed as it stands in an FAQ or a heading is its own best evidence, which
+        the rank over the whole chunk does not show (a long chunk that repeats one of the
+        words ranks as high).
         """
         dim = int(dimension)
         sql = f"""WITH q AS (
-                      SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS query
+                      SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS query,
+                             array_agg(lexeme) AS lexemes
                         FROM unnest(to_tsvector(parley_ts_config($8), $9))
+                  ), hits AS (
+                      SELECT {_COLUMNS}, 1 - (c.embedding::vector({dim}) <=> $2) AS dense,
+                             ts_rank_cd(c.tsv, q.query, 32) AS lexical
+                        FROM q, chunks c JOIN pages p ON p.id = c.page_id
+                       WHERE {_FILTERS} AND c.tsv @@ q.query
+                       ORDER BY lexical DESC
+                       LIMIT $7
                   )
-                  SELECT {_COLUMNS}, 1 - (c.embedding::vector({dim}) <=> $2) AS dense,
-                         ts_rank_cd(c.tsv, q.query, 32) AS lexical
-                    FROM q, chunks c JOIN pages p ON p.id = c.page_id
-                   WHERE {_FILTERS} AND c.tsv @@ q.query
-                   ORDER BY lexical DESC
-                   LIMIT $7"""
+                  SELECT h.*, coalesce(e.exactness, 0) AS exactness
+                    FROM hits h CROSS JOIN q
+                    LEFT JOIN LATERAL (
+                      SELECT max(2.0 * cardinality(ARRAY(
+                                     SELECT unnest(u.lexemes) INTERSECT SELECT unnest(q.lexemes)))
+                                 / (cardinality(u.lexemes) + cardinality(q.lexemes))) AS exactness
+                        FROM (SELECT tsvector_to_array(
+                                         to_tsvector(parley_ts_config($8), part)) AS lexemes
+                                FROM regexp_split_to_table(
+                                         h.heading, '{_HEADING_PARTS}') AS part
+                              UNION ALL
+                              SELECT tsvector_to_array(
+                                         to_tsvector(parley_ts_config($8), part))
+                                FROM regexp_split_to_table(h.text, '{_SENTENCES}') AS part) u
+                       WHERE cardinality(u.lexemes) > 0
+                    ) e ON true
+                   ORDER BY h.lexical DESC"""
         rows = await self._pool.fetch(
             sql, *self._args(agent_id, vector, filters), limit, language, query
         )
         return [_candidate(r) for r in rows]
+
+    async def page_chunks(
+        self, agent_id: int, page_ids: list[int]
+    ) -> dict[int, list[tuple[str, str]]]:
+        """Every chunk of the given pages as (heading path, text), in page order."""
+        rows = await self._pool.fetch(
+            """SELECT page_id, heading, text FROM chunks
+                WHERE agent_id = $1 AND page_id = ANY($2::bigint[])
+                ORDER BY page_id, id""",
+            agent_id,
+            page_ids,
+        )
+        out: dict[int, list[tuple[str, str]]] = {}
+        for row in rows:
+            out.setdefault(row["page_id"], []).append((row["heading"], row["text"]))
+        return out
 
     async def languages(self, agent_id: int) -> set[str]:
         """The languages the agent has pages in (by page locale)."""

@@ -64,3 +64,27 @@ def test_heuristic_carries_the_topic_of_the_last_visitor_message() -> None:
 )
 def test_content_gaps(answer: str, low: bool, reason: str | None) -> None:
     assert gap_reason(answer, low) == reason
+
+
+@pytest.mark.parametrize(
+    "question", ["and how much does it cost?", "en wat kost hij?", "und was kostet er?"]
+)
+def test_a_first_question_that_points_at_the_page_is_made_about_the_page(question: str) -> None:
+    assert is_follow_up(question, [], page_subject="Fjellsti Mid WP")
+    assert heuristic_rewrite(question, [], "Fjellsti Mid WP") == f"Fjellsti Mid WP {question}"
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["How long does delivery to Belgium take?", "Wie lange dauert die Lieferung?",
+     "How much is the Fjellsti Mid WP?"],
+)  # fmt: skip
+def test_a_first_question_that_stands_alone_is_searched_as_asked(question: str) -> None:
+    assert not is_follow_up(question, [], page_subject="Fjellsti Mid WP")
+
+
+def test_a_follow_up_on_a_page_keeps_both_the_page_and_the_previous_question() -> None:
+    history = [("visitor", "which colours does this jacket come in?"), ("assistant", "...")]
+    assert heuristic_rewrite("and in red?", history, "Stormvang 3L") == (
+        "Stormvang 3L which colours does this jacket come in? and in red?"
+    )

@@ -1,0 +1,639 @@
+"""The answerer without an LLM: the sentences of the best page that answer the question, cited.
+
+How an answer is chosen, in order:
+
+1. Every source is cut into quotable pieces: paragraph sentences, list items ("Price:
+   €169.95" from a definition list) and table rows (with their column headers), each knowing
+   its heading and the list or table it belongs to.
+2. Each piece is scored: meaning (the encoder's similarity to the question, heading included),
+   the question's key words it shares (the visitor's own last words count double, so "and
+   Belgium?" picks Belgium's row), the kind of fact the question wants (a price, a number of
+   days, a time) being present, and a penalty for filler that only announces content ("Below
+   you can see ...") or restates the question.
+3. One page answers: the page whose best piece scores highest (the product named in the
+   question, and the page the visitor is on, count in its favour). Pieces of other pages are
+   never mixed in, unless the question compares things.
+4. From that page: the best piece, the rows of its table or list that the question singles
+   out (or the whole short table when it asks for all of it), and close runners-up that add
+   something; never the same sentence twice.
+5. A yes/no question gets "Yes." or "No." where the quote settles it, and "No, X is not among
+   them." when X is missing from a list that answers the question's topic.
+6. Content in another language than the visitor's is announced in one sentence in theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from core.answer.phrases import LANGUAGES, deferral, language_name, phrase
+from core.answer.question import Question, fold, stem, words
+from core.ports import Embedder
+
+log = logging.getLogger(__name__)
+
+# Two pieces this close in meaning say the same thing; the answer keeps one.
+NEAR_DUPLICATE = 0.9
+# Runners-up this far below the best piece add noise, not answers.
+RELATIVE_MARGIN = 0.08
+MAX_ROWS = 8  # a table or list longer than this is quoted by its matching rows only
+KEY_WORD_WEIGHT = 0.3
+WANTED_FACT_WEIGHT = 0.25
+FILLER_PENALTY = 0.25
+NAMED_PAGE_BONUS = 0.1
+CURRENT_PAGE_BONUS = 0.05
+RANK_BONUS = 0.03  # per place in the retrieval order, best first
+# A question in a source (an FAQ entry) this close to the visitor's passes its match on to
+# the answer that follows it.
+FAQ_QUESTION_SIMILARITY = 0.55
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """One numbered source as the answerer sees it."""
+
+    title: str
+    text: str
+    language: str | None = None
+    current: bool = False  # the page the visitor is on
+
+
+@dataclass(frozen=True, slots=True)
+class Sentence:
+    """A quotable piece of a source."""
+
+    source: int  # 0-based index into the sources
+    text: str
+    heading: str = ""
+    block: int = -1  # the list or table it belongs to (-1: a paragraph sentence)
+    header: tuple[str, ...] = ()  # a table row's column names
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractiveAnswer:
+    text: str
+    citations: tuple[int, ...]  # 1-based source numbers, in order of first citation
+    answered: bool
+    evidence: Evidence = field(default_factory=lambda: Evidence())
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """How well the chosen quote answers, for the confidence estimate."""
+
+    similarity: float = 0.0  # the encoder's similarity of the best piece
+    score: float = 0.0  # the best piece's full score
+    coverage: float = 0.0  # share of the question's key words found on the chosen page
+    names_missing: float = 0.0  # share of the question's names found nowhere in the sources
+    wanted_found: bool = False  # the kind of fact asked for is in the quote
+    other_language: bool = False
+
+
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(?P<text>.+)$")
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+(?P<item>.+)$")
+_TABLE_ROW = re.compile(r"^\s*\|(?P<cells>.*)\|\s*$")
+_TABLE_RULE = re.compile(r"^[\s|:\-]+$")
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+(?=[\"'(\[«„]?[A-ZÀ-ÖØ-Þ0-9])")
+_ABBREVIATION = re.compile(
+    r"(?:\b(?:e\.g|i\.e|etc|approx|incl|excl|vs|no|nr|ca|max|min|tel|bijv|bv|o\.a|d\.w\.z|"
+    r"m\.b\.t|z\.B|u\.a|usw|bzw|ggf|evtl|inkl|p\.ex|env|cf|dr|mr|mrs|ms|st)|\b[A-Z])\.$",
+    re.IGNORECASE,
+)
+_LABELLED = re.compile(r"^[^:]{2,40}:\s*\S")  # "Price: €169.95", a fact with its label
+_MIN_WORDS = 3
+
+# Kinds of fact, as they look in a sentence.
+_FACTS: dict[str, re.Pattern[str]] = {
+    "price": re.compile(r"(€|\$|£|\bEUR\b|\bUSD\b|\bCHF\b)\s?\d|\d\s?(€|EUR|euro)", re.I),
+    "availability": re.compile(
+        r"\b(in stock|out of stock|sold out|available|op voorraad|uitverkocht|leverbaar|"
+        r"auf lager|ausverkauft|lieferbar|verfügbar|en stock|épuisé|disponible|agotado|"
+        r"disponibile|esaurito|instock|outofstock)\b",
+        re.I,
+    ),
+    "duration": re.compile(
+        r"\d\s*(?:[-–]\s*\d+\s*)?(?:working |business )?(days?|weeks?|hours?|werkdag(en)?|"
+        r"dag(en)?|we(e)?k(en)?|uur|werktage?n?|tage?n?|wochen?|stunden?|jours?|semaines?|"
+        r"heures?|días?|semanas?|horas?|giorni|settimane|ore)\b|next working day|"
+        r"volgende werkdag|nächsten werktag|same day|dezelfde dag|am selben tag",
+        re.I,
+    ),
+    "hours": re.compile(r"\b\d{1,2}[:.]\d{2}\b|\b\d{1,2}\s?(am|pm|uur|Uhr|h)\b", re.I),
+    "size": re.compile(r"\b(EU|UK|US)\s?\d|\d\s?(cm|mm|l|liter|litre)\b|\b(XS|S|M|L|XL|XXL)\b"),
+    "weight": re.compile(r"\d\s?(g|kg|gram|grams|gramm)\b", re.I),
+    "code": re.compile(r"\b[A-Z]{2,}-?\d{2,}\b"),
+    "contact": re.compile(r"@\w|\+?\d[\d\s()-]{7,}\d|\b\d{4}\s?[A-Z]{2}\b"),
+    "colour": re.compile(r"\b(colou?rs?|kleuren?|farben?|couleurs?|colores|colori)\b", re.I),
+}
+# Sentences that announce content rather than give it ("Below you can see ...").
+_FILLER = re.compile(
+    r"\b(below|following|hereunder|on this page|see the table|as follows|read on|"
+    r"hieronder|onderstaande|volgende overzicht|op deze pagina|lees verder|"
+    r"unten|folgenden|nachfolgend|auf dieser seite|hier siehst du|hier sehen sie|hier finden sie|"
+    r"ci-dessous|suivant|sur cette page|a continuación|siguiente|en esta página|"
+    r"qui sotto|seguente|in questa pagina)\b",
+    re.I,
+)
+_NEGATION = re.compile(
+    r"\b(sold out|out of stock|unavailable|uitverkocht|niet leverbaar|ausverkauft|"
+    r"nicht lieferbar|épuisé|agotado|esaurito|outofstock|not|no|never|cannot|can't|don't|"
+    r"doesn't|isn't|aren't|won't|without|unfortunately|"
+    r"niet|geen|nooit|helaas|zonder|nicht|kein|keine|keinen|nie|leider|ohne|pas|jamais|"
+    r"aucun|aucune|sans|nunca|ningún|ninguna|sin|non|mai|nessun|nessuna|senza)\b",
+    re.I,
+)
+
+
+def _split_paragraph(paragraph: str) -> Iterator[str]:
+    pending = ""
+    for piece in _SENTENCE_END.split(paragraph):
+        pending = f"{pending} {piece}" if pending else piece
+        if not _ABBREVIATION.search(pending):
+            yield pending
+            pending = ""
+    if pending:
+        yield pending
+
+
+def _table_sentence(cells: Sequence[str], header: Sequence[str] | None) -> str:
+    """A table row as a sentence: "Country: Belgium; Delivery: 2-3 days" when headed."""
+    if header and len(header) == len(cells):
+        return "; ".join(f"{h}: {c}" if h else c for h, c in zip(header, cells, strict=True) if c)
+    return ", ".join(c for c in cells if c)
+
+
+@dataclass
+class _Reader:
+    """Walks one source's lines, keeping track of the heading and the current block."""
+
+    source: int
+    next_block: int
+    heading: str = ""
+    block: int = -1
+    header: list[str] | None = None
+    paragraph: list[str] = field(default_factory=list)
+
+    def flush(self) -> Iterator[Sentence]:
+        if self.paragraph:
+            for text in _split_paragraph(" ".join(self.paragraph)):
+                yield Sentence(self.source, text, self.heading)
+            self.paragraph.clear()
+
+    def open_block(self) -> int:
+        if self.block < 0:
+            self.block = self.next_block
+            self.next_block += 1
+        return self.block
+
+    def close_block(self) -> None:
+        self.block, self.header = -1, None
+
+    def read(self, text: str) -> Iterator[Sentence]:
+        for line in text.splitlines():
+            row = _TABLE_ROW.match(line)
+            item = _LIST_ITEM.match(line) if row is None else None
+            heading = _HEADING.match(line)
+            if row is None and item is None:
+                yield from self.flush()
+                if line.strip():
+                    self.close_block()
+            if heading is not None:
+                self.heading = heading["text"].strip()
+            elif row is not None:
+                yield from self.flush()
+                if _TABLE_RULE.match(line):
+                    continue
+                cells = [cell.strip() for cell in row["cells"].split("|")]
+                if self.header is None:
+                    self.open_block()
+                    self.header = cells  # the first row names the columns
+                    continue
+                yield Sentence(
+                    self.source,
+                    _table_sentence(cells, self.header),
+                    self.heading,
+                    self.block,
+                    tuple(self.header),
+                )
+            elif item is not None:
+                yield from self.flush()
+                if self.header is not None:
+                    self.close_block()
+                yield Sentence(self.source, item["item"].strip(), self.heading, self.open_block())
+            elif line.strip():
+                self.paragraph.append(line.strip())
+        yield from self.flush()
+
+
+def _quotable(text: str) -> bool:
+    return len(text.split()) >= _MIN_WORDS or bool(_LABELLED.match(text))
+
+
+def split_sentences(sources: Sequence[str]) -> list[Sentence]:
+    """The pieces worth quoting, in source order, each once."""
+    seen: set[str] = set()
+    sentences = []
+    blocks = 0
+    for index, text in enumerate(sources):
+        reader = _Reader(index, blocks)
+        for sentence in reader.read(text):
+            key = " ".join(sentence.text.casefold().split())
+            if not (sentence.block >= 0 or _quotable(sentence.text)) or key in seen:
+                continue
+            seen.add(key)
+            sentences.append(sentence)
+        blocks = reader.next_block
+    return sentences
+
+
+def subject_of(title: str) -> str:
+    """What a page is about, from its title: "Fjellsti Mid WP – Hiking boot | Shop" ->
+    "Fjellsti Mid WP" (the site's name and the tagline go)."""
+    main = re.split(r"\s+[|·]\s+", title.strip())[0]
+    main = re.split(r"\s+[–—-]\s+", main)[0]
+    return re.sub(r"\s*\([^)]*\)\s*$", "", main).strip()
+
+
+def _cite(text: str, source: int) -> str:
+    text = text.rstrip()
+    marker = f"[{source + 1}]"
+    if text[-1:] in ".!?":
+        return f"{text[:-1].rstrip()} {marker}{text[-1]}"
+    return f"{text} {marker}."
+
+
+def _compose(picked: Sequence[Sentence], subject: str) -> list[str]:
+    """The quote: sentences as they are, the rows of one table or list joined into one
+    sentence ("Monday: 12:00–18:00; Tuesday: ..."), each cited once."""
+    parts: list[str] = []
+    group: list[Sentence] = []
+
+    def flush() -> None:
+        if not group:
+            return
+        text = "; ".join(s.text.rstrip(" .;") for s in group)
+        first = group[0]
+        if (
+            subject
+            and not first.header
+            and _LABELLED.match(text)
+            and fold(subject) not in fold(text)
+        ):
+            text = f"{subject} – {text}"  # "Price: €169.95" alone does not say of what
+        parts.append(_cite(text, first.source))
+        group.clear()
+
+    for sentence in picked:
+        if group and (sentence.block < 0 or sentence.block != group[-1].block):
+            flush()
+        group.append(sentence)
+        if sentence.block < 0:
+            flush()
+    flush()
+    return parts
+
+
+class _Matcher:
+    """Whether a piece of text contains a question's key words, by stem or by a shared
+    beginning across languages ("België", "Belgium", "Belgien")."""
+
+    def __init__(self, question: Question) -> None:
+        self.language = question.language
+        self.terms = question.terms
+        self.focus = set(question.focus)
+        self.stems = {t: stem(t, self.language) for t in self.terms}
+
+    def _forms(self, text: str) -> tuple[set[str], set[str], set[str]]:
+        folded = [fold(w) for w in words(text)]
+        return set(folded), {stem(w, self.language) for w in folded}, {w[:5] for w in folded}
+
+    def found(self, text: str) -> dict[str, float]:
+        """Key word -> 1.0 for the same stem, 0.6 for a shared five-letter beginning."""
+        plain, stems, prefixes = self._forms(text)
+        out = {}
+        for term in self.terms:
+            if term in plain or self.stems[term] in stems:
+                out[term] = 1.0
+            elif len(term) >= 6 and term[:5] in prefixes:
+                out[term] = 0.6
+        return out
+
+    def weight(self, term: str) -> float:
+        return 2.0 if term in self.focus else 1.0
+
+
+def _key_word_scores(
+    matcher: _Matcher, sentences: Sequence[Sentence], titles: Sequence[str]
+) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """Per piece: the share of the question's key words it holds, the rarer among the
+    pieces counting more (a country in one row of many), and the share of the visitor's own
+    key words it holds. Words of the page's title do not count: every piece of the
+    Stormvang 3L page is about the Stormvang 3L, the question is which one says its price."""
+    on_title = [set(matcher.found(title)) for title in titles]
+    found = [
+        {t: v for t, v in matcher.found(f"{s.heading} {s.text}").items()
+         if t not in on_title[s.source]}
+        for s in sentences
+    ]  # fmt: skip
+    if not matcher.terms:
+        zeros = np.zeros(len(sentences), dtype=np.float32)
+        return zeros, zeros
+    count = {t: sum(t in f for f in found) for t in matcher.terms}
+    n = len(sentences)
+    weight = {t: matcher.weight(t) * float(np.log((n + 1) / (count[t] + 1)) + 0.5) for t in count}
+    total = sum(weight.values()) or 1.0
+    focus_total = sum(weight[t] for t in matcher.focus if t in weight) or 1.0
+    shares = [sum(weight[t] * v for t, v in f.items()) / total for f in found]
+    focus = [sum(weight[t] * v for t, v in f.items() if t in matcher.focus) / focus_total
+             for f in found]  # fmt: skip
+    return np.array(shares, dtype=np.float32), np.array(focus, dtype=np.float32)
+
+
+def _wanted(question: Question, text: str) -> bool:
+    return any(kind in _FACTS and _FACTS[kind].search(text) for kind in question.wants)
+
+
+def _filler(question: Question, sentence: Sentence, matcher: _Matcher) -> bool:
+    """Announces content ("Below you can see how long delivery takes") or restates the
+    question without a fact of its own."""
+    text = sentence.text.rstrip()
+    if text.endswith(":"):
+        return True
+    if _FILLER.search(text) and not any(p.search(text) for p in _FACTS.values()):
+        return True
+    own = {fold(w) for w in words(text)}
+    return len(own) <= 12 and len(own - set(matcher.terms)) <= 2 and not question.yes_no
+
+
+def _questions_point_at_answers(
+    sentences: Sequence[Sentence], similarity: NDArray[np.float32], scores: NDArray[np.float32]
+) -> NDArray[np.float32]:
+    """A question in a source (an FAQ entry) is never the answer. When it is the visitor's
+    question in other words, its score passes to the sentence that follows it in the same
+    source, which usually is the answer; a question merely on the same topic passes nothing."""
+    scores = scores.copy()
+    for index, sentence in enumerate(sentences):
+        if not sentence.text.rstrip().endswith("?"):
+            continue
+        following = index + 1
+        if (
+            similarity[index] >= FAQ_QUESTION_SIMILARITY
+            and following < len(sentences)
+            and sentences[following].source == sentence.source
+        ):
+            scores[following] = max(scores[following], scores[index])
+        scores[index] = -1.0
+    return scores
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    sentences: list[Sentence]
+    vectors: NDArray[np.float32]
+    similarity: NDArray[np.float32]
+    key_words: NDArray[np.float32]
+    focus: NDArray[np.float32]
+    scores: NDArray[np.float32]
+
+
+class _Vectors:
+    """Piece vectors kept between turns: the same pages are quoted again and again, and
+    encoding their pieces is most of an extractive answer's work."""
+
+    def __init__(self, size: int = 50_000) -> None:
+        self._size = size
+        self._vectors: OrderedDict[tuple[str, str], NDArray[np.float32]] = OrderedDict()
+
+    async def embed(self, embedder: Embedder, texts: Sequence[str]) -> NDArray[np.float32]:
+        keys = [(embedder.name, text) for text in texts]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._vectors))
+        if missing:
+            fresh = await embedder.embed([text for _, text in missing])
+            for key, vector in zip(missing, fresh, strict=True):
+                self._vectors[key] = vector
+        for key in keys:
+            self._vectors.move_to_end(key)
+        out = np.stack([self._vectors[k] for k in keys]) if keys else np.zeros((0, 1))
+        while len(self._vectors) > self._size:
+            self._vectors.popitem(last=False)
+        return out.astype(np.float32)
+
+
+_VECTORS = _Vectors()
+
+
+async def _score(
+    question: Question,
+    sentences: list[Sentence],
+    titles: Sequence[str],
+    embedder: Embedder,
+    matcher: _Matcher,
+) -> _Scored:
+    texts = [f"{s.heading}: {s.text}" if s.heading else s.text for s in sentences]
+    asked = await embedder.embed([question.text])
+    rows = await _VECTORS.embed(embedder, texts)
+    similarity = (rows @ asked[0]).astype(np.float32)
+    key_words, focus = _key_word_scores(matcher, sentences, titles)
+    # a labelled fact of the wanted kind ("Price: €249.00") is the answer itself
+    wanted = np.array(
+        [_wanted(question, s.text) * (1.5 if _LABELLED.match(s.text) else 1.0)
+         for s in sentences],
+        dtype=np.float32,
+    )  # fmt: skip
+    filler = np.array([_filler(question, s, matcher) for s in sentences], dtype=np.float32)
+    scores = (
+        similarity
+        + KEY_WORD_WEIGHT * key_words
+        + WANTED_FACT_WEIGHT * wanted
+        - FILLER_PENALTY * filler
+    ).astype(np.float32)
+    scores = _questions_point_at_answers(sentences, similarity, scores)
+    return _Scored(sentences, rows, similarity, key_words, focus, scores)
+
+
+def _page_scores(
+    question: Question, passages: Sequence[Passage], scored: _Scored
+) -> NDArray[np.float32]:
+    """Each page's claim to answer: its best piece, plus the product named in the question
+    and the page the visitor is on."""
+    best = np.full(len(passages), -1.0, dtype=np.float32)
+    for sentence, score in zip(scored.sentences, scored.scores, strict=True):
+        best[sentence.source] = max(best[sentence.source], score)
+    for index, passage in enumerate(passages):
+        if best[index] < 0:
+            continue
+        named = fold(passage.title) + " " + fold(passage.text[:300])
+        if any(fold(name) in named for name in question.names):
+            best[index] += NAMED_PAGE_BONUS
+        if passage.current:
+            best[index] += CURRENT_PAGE_BONUS
+        best[index] += RANK_BONUS * max(0, 3 - index)
+    return best
+
+
+def _asks_for_block(scored: _Scored, best: int, members: Sequence[int], matcher: _Matcher) -> bool:
+    """The question names what the whole table or list is about ("Store opening hours?"):
+    its heading holds most of the question's key words, and no row stands out."""
+    if scored.key_words[best] > min(scored.key_words[i] for i in members) + 1e-6:
+        return False
+    heading = scored.sentences[best].heading
+    if not heading or not matcher.terms:
+        return False
+    return sum(matcher.found(heading).values()) >= 0.5 * len(matcher.terms)
+
+
+def _choose(
+    question: Question,
+    scored: _Scored,
+    pages: set[int],
+    max_sentences: int,
+    floor: float,
+    matcher: _Matcher,
+) -> list[int]:
+    """The pieces of the answering page(s): the best, the rows of its block the question
+    singles out (or all of a short block asked for as a whole), then close runners-up."""
+    candidates = [i for i, s in enumerate(scored.sentences) if s.source in pages]
+    order = sorted(candidates, key=lambda i: -scored.scores[i])
+    if not order or scored.scores[order[0]] < floor:
+        return []
+    best = order[0]
+    chosen = [best]
+    block = scored.sentences[best].block
+    if block >= 0:
+        members = [i for i in candidates if scored.sentences[i].block == block]
+        singled = [i for i in members if scored.focus[i] > 0]
+        if singled and len(singled) < len(members):
+            chosen = sorted(singled, key=lambda i: -scored.scores[i])[:3]
+        elif len(members) <= MAX_ROWS and _asks_for_block(scored, best, members, matcher):
+            chosen = members  # nothing singles a row out: the question asks for all of it
+    if len(chosen) == 1:
+        margin = scored.scores[best] - RELATIVE_MARGIN
+        for index in order[1:]:
+            if len(chosen) >= max_sentences or scored.scores[index] < max(margin, floor):
+                break
+            if block >= 0 and scored.sentences[index].block == block:
+                continue  # the question's words already chose among this block's rows
+            if any(
+                float(scored.vectors[index] @ scored.vectors[other]) >= NEAR_DUPLICATE
+                or _contains(scored.sentences[other].text, scored.sentences[index].text)
+                for other in chosen
+            ):
+                continue
+            chosen.append(index)
+    return sorted(chosen)  # page order reads better than score order
+
+
+def _contains(a: str, b: str) -> bool:
+    x, y = " ".join(fold(a).split()), " ".join(fold(b).split())
+    return x in y or y in x
+
+
+_NOT_LISTED = re.compile(
+    "|".join(
+        ".+".join(map(re.escape, phrase("not_listed", lang, thing="\x00").split("\x00")))
+        for lang in LANGUAGES
+    )
+)
+
+
+def _yes_no(
+    question: Question, picked: Sequence[Sentence], matcher: _Matcher, all_text: str
+) -> str | None:
+    """The opening a yes/no question gets, when the quote settles it."""
+    quote = " ".join(f"{s.heading} {s.text}" for s in picked)
+    found_anywhere = matcher.found(all_text)
+    absent = [t for t in matcher.terms if t not in found_anywhere]
+    listed = any(s.block >= 0 for s in picked) or any(
+        s.text.count(",") >= 2 for s in picked
+    )  # a list of alternatives
+    if absent and listed:
+        named = [n for n in question.names if fold(n.split()[0]) in absent]
+        thing = named[0] if named else absent[-1]
+        return phrase("not_listed", question.language, thing=thing)
+    if absent:
+        return None
+    # Only a quote about what was asked settles it: most of the question's own words (names
+    # aside) in it, or the kind of fact asked for.
+    name_words = {fold(w) for n in question.names for w in words(n)}
+    asked = [t for t in matcher.terms if t not in name_words]
+    held = matcher.found(quote)
+    covered = sum(held.get(t, 0.0) for t in asked)
+    if asked and covered < 0.5 * len(asked) and not _wanted(question, quote):
+        return None
+    return phrase("no" if _NEGATION.search(quote) else "yes", question.language)
+
+
+async def extractive_answer(
+    question: Question,
+    passages: Sequence[Passage],
+    embedder: Embedder,
+    *,
+    contact_route: str,
+    max_sentences: int = 3,
+    min_similarity: float = 0.3,
+) -> ExtractiveAnswer:
+    """Pieces of the best page (source i cited as [i+1]) that answer ``question``; when none
+    is close enough, the deferral in the question's language with the contact route."""
+    language = question.language
+    sentences = split_sentences([p.text for p in passages])
+    if not sentences or not question.text.strip():
+        return ExtractiveAnswer(deferral(language, contact_route), (), answered=False)
+    matcher = _Matcher(question)
+    scored = await _score(question, sentences, [p.title for p in passages], embedder, matcher)
+    page_scores = _page_scores(question, passages, scored)
+    ranked_pages = [int(i) for i in np.argsort(-page_scores, kind="stable")]
+    pages = {ranked_pages[0]}
+    if question.compares and len(ranked_pages) > 1:
+        pages.add(ranked_pages[1])
+    chosen = _choose(question, scored, pages, max_sentences, min_similarity, matcher)
+    all_text = " ".join(f"{p.title} {p.text}" for p in passages)
+    names_found = [n for n in question.names if fold(n) in fold(all_text)]
+    page = ranked_pages[0]
+    page_text = f"{passages[page].title} {passages[page].text}"
+    coverage = sum(matcher.found(page_text).values()) / len(matcher.terms) if matcher.terms else 0.0
+    best = chosen[0] if chosen else int(np.argmax(scored.scores))
+    best = max(chosen, key=lambda i: scored.scores[i]) if chosen else best
+    picked = [sentences[i] for i in chosen]
+    evidence = Evidence(
+        similarity=float(scored.similarity[best]),
+        score=float(scored.scores[best]),
+        coverage=min(1.0, coverage),
+        names_missing=(1 - len(names_found) / len(question.names) if question.names else 0.0),
+        wanted_found=bool(picked) and any(_wanted(question, s.text) for s in picked),
+        other_language=_other_language(passages[page], language),
+    )
+    log.debug(
+        "extractive.scored sentences=%d best=%.3f chosen=%d",
+        len(sentences),
+        evidence.score,
+        len(chosen),
+    )
+    if not chosen:
+        return ExtractiveAnswer(deferral(language, contact_route), (), False, evidence)
+    opening = _yes_no(question, picked, matcher, all_text) if question.yes_no else None
+    if opening is not None and _NOT_LISTED.search(opening) and picked[0].block >= 0:
+        # "No, X is not among them": then the whole list is the answer
+        members = [s for s in sentences if s.block == picked[0].block]
+        if len(members) <= MAX_ROWS:
+            picked = members
+    parts = _compose(picked, subject_of(passages[page].title))
+    if opening is not None:
+        parts.insert(0, opening)
+    content_language = passages[page].language
+    if evidence.other_language and content_language:
+        other = language_name(content_language, language)
+        parts.insert(0, phrase("only_in", language, other=other))
+    citations = tuple(dict.fromkeys(s.source + 1 for s in picked))
+    return ExtractiveAnswer(" ".join(parts), citations, True, evidence)
+
+
+def _other_language(passage: Passage, language: str) -> bool:
+    if not passage.language:
+        return False
+    return passage.language.split("-")[0] != language.split("-")[0]

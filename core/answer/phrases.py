@@ -1,0 +1,95 @@
+"""The bot's own fixed sentences, in every language it answers in without a model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+# The languages every fixed sentence exists in; anything else is answered in English.
+LANGUAGES = ("en", "nl", "de", "fr", "es", "it")
+
+_Table = Mapping[str, Mapping[str, str]]
+
+_PHRASES: _Table = MappingProxyType(
+    {
+        "unverified": {
+            "en": "I couldn't verify this from the information on our website.",
+            "nl": "Ik kon dit niet controleren aan de hand van de informatie op onze website.",
+            "de": "Das konnte ich anhand der Informationen auf unserer Website nicht überprüfen.",
+            "fr": "Je n'ai pas pu vérifier cela à partir des informations de notre site web.",
+            "es": "No he podido comprobarlo con la información de nuestro sitio web.",
+            "it": "Non sono riuscito a verificarlo con le informazioni del nostro sito web.",
+        },
+        "contact": {
+            "en": "You can reach us at {route}.",
+            "nl": "Je kunt ons bereiken via {route}.",
+            "de": "Sie erreichen uns unter {route}.",
+            "fr": "Vous pouvez nous contacter via {route}.",
+            "es": "Puede contactarnos en {route}.",
+            "it": "Può contattarci a {route}.",
+        },
+        # Said once, before quoting content written in another language.
+        "only_in": {
+            "en": "This information is only available in {other}:",
+            "nl": "Deze informatie is alleen beschikbaar in het {other}:",
+            "de": "Diese Information gibt es nur auf {other}:",
+            "fr": "Cette information n'existe qu'en {other} :",
+            "es": "Esta información solo está disponible en {other}:",
+            "it": "Questa informazione è disponibile solo in {other}:",
+        },
+        "yes": {"en": "Yes.", "nl": "Ja.", "de": "Ja.", "fr": "Oui.", "es": "Sí.", "it": "Sì."},
+        "no": {"en": "No.", "nl": "Nee.", "de": "Nein.", "fr": "Non.", "es": "No.", "it": "No."},
+        # A yes/no question about something a complete list leaves out.
+        "not_listed": {
+            "en": "No, {thing} is not among them.",
+            "nl": "Nee, {thing} hoort daar niet bij.",
+            "de": "Nein, {thing} gehört nicht dazu.",
+            "fr": "Non, {thing} n'en fait pas partie.",
+            "es": "No, {thing} no está entre ellos.",
+            "it": "No, {thing} non è tra questi.",
+        },
+    }
+)
+
+# Language names as each language writes them: LANGUAGE_NAMES[reply][content].
+LANGUAGE_NAMES: _Table = MappingProxyType(
+    {
+        "en": {"en": "English", "nl": "Dutch", "de": "German", "fr": "French",
+               "es": "Spanish", "it": "Italian"},
+        "nl": {"en": "Engels", "nl": "Nederlands", "de": "Duits", "fr": "Frans",
+               "es": "Spaans", "it": "Italiaans"},
+        "de": {"en": "Englisch", "nl": "Niederländisch", "de": "Deutsch", "fr": "Französisch",
+               "es": "Spanisch", "it": "Italienisch"},
+        "fr": {"en": "anglais", "nl": "néerlandais", "de": "allemand", "fr": "français",
+               "es": "espagnol", "it": "italien"},
+        "es": {"en": "inglés", "nl": "neerlandés", "de": "alemán", "fr": "francés",
+               "es": "español", "it": "italiano"},
+        "it": {"en": "inglese", "nl": "olandese", "de": "tedesco", "fr": "francese",
+               "es": "spagnolo", "it": "italiano"},
+    }
+)  # fmt: skip
+
+
+def base_language(language: str | None) -> str:
+    """ "nl-BE", "NL", "nl_be" -> "nl"; a language without fixed sentences -> "en"."""
+    base = (language or "en").strip().lower().replace("_", "-").split("-")[0]
+    return base if base in LANGUAGES else "en"
+
+
+def phrase(name: str, language: str | None, **values: str) -> str:
+    """The fixed sentence ``name`` in ``language`` (English when it has none)."""
+    text = _PHRASES[name][base_language(language)]
+    return text.format(**values) if values else text
+
+
+def language_name(content: str, reply: str | None) -> str:
+    """The name of language ``content`` in language ``reply``."""
+    names = LANGUAGE_NAMES[base_language(reply)]
+    return names.get(content.split("-")[0], content)
+
+
+def deferral(language: str | None, contact_route: str) -> str:
+    """ "I couldn't verify this ... You can reach us at ..." in ``language``."""
+    text = phrase("unverified", language)
+    route = contact_route.strip().rstrip(".")
+    return f"{text} {phrase('contact', language, route=route)}" if route else text

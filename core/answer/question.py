@@ -1,0 +1,238 @@
+"""What a question asks for, read without a model: its key words, the kind of fact it wants,
+and whether it is a yes/no or a comparing question. Works in en, nl, de, fr, es and it."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import snowballstemmer  # type: ignore[import-untyped]
+from stop_words import get_stop_words  # type: ignore[import-untyped]
+
+log = logging.getLogger(__name__)
+
+_STEMMERS = {
+    "en": "english", "nl": "dutch", "de": "german", "fr": "french", "es": "spanish",
+    "it": "italian",
+}  # fmt: skip
+_WORD = re.compile(r"[^\W_]+(?:[-'’][^\W_]+)*", re.UNICODE)
+
+# Words every shop question uses that say nothing about what is asked ("you", "please", "shop").
+_CHATTER = frozenset(
+    """hi hello hey please thanks thank pls want need know tell like get got can could would
+    also still just really maybe much many anything something everything one ones thing things
+    hoi hallo graag bedankt dank wil willen weten vertel zeggen even nog eens iets alles ding
+    jullie bitte danke möchte möchten wissen sagen noch mal etwas ihr euch bonjour merci
+    voudrais savoir dire encore quelque chose hola gracias quiero saber decir algo ciao grazie
+    vorrei sapere qualcosa""".split()  # noqa: SIM905
+)
+
+# The kind of fact a question wants, recognised by words in any of our languages.
+_WANTS: dict[str, re.Pattern[str]] = {
+    "price": re.compile(
+        r"\b(how much|price|prices|priced|cost|costs|expensive|cheap|pay for|"
+        r"kost|kosten|kosten|prijs|prijzen|duur|goedkoop|hoeveel kost|"
+        r"kostet|preis|preise|teuer|günstig|wie viel kostet|wieviel kostet|"
+        r"combien|prix|coûte|coût|cher|cuánto cuesta|cuánto vale|precio|cuesta|caro|"
+        r"quanto costa|prezzo|costa|caro)\b"
+    ),
+    "availability": re.compile(
+        r"\b(in stock|stock|available|availability|sold out|back in|"
+        r"voorraad|leverbaar|verkrijgbaar|beschikbaar|uitverkocht|"
+        r"verfügbar|lieferbar|auf lager|vorrätig|ausverkauft|"
+        r"disponible|en stock|épuisé|agotado|disponibile|esaurito)\b"
+    ),
+    "colour": re.compile(
+        r"\b(colou?rs?|kleur|kleuren|farbe|farben|couleurs?|colores|colori|colore|"
+        r"red|blue|black|green|grey|gray|white|yellow|orange|brown|navy|"
+        r"rood|blauw|zwart|groen|grijs|wit|geel|bruin|rot|blau|schwarz|grün|grau|weiß|gelb|"
+        r"rouge|bleu|noir|vert|gris|blanc|jaune|rojo|azul|negro|verde|blanco|amarillo|"
+        r"rosso|blu|nero|bianco|giallo)\b"
+    ),
+    "size": re.compile(
+        r"\b(sizes?|sizing|fit|fits|maat|maten|maattabel|past|grö(ß|ss)en?|passt|"
+        r"tailles?|pointure|tallas?|taglias?|misura)\b"
+    ),
+    "code": re.compile(
+        r"\b(product code|item code|sku|article number|model number|productcode|artikelnummer|"
+        r"artikelnr|produktcode|référence|code produit|código|codice)\b"
+    ),
+    "weight": re.compile(
+        r"\b(weigh|weighs|weight|heavy|light|gewicht|weegt|zwaar|licht|wiegt|schwer|leicht|"
+        r"poids|pèse|lourd|peso|pesa|pesado|pesante)\b"
+    ),
+    "duration": re.compile(
+        r"\b(how long|how many days|how quickly|how fast|when will|delivery time|"
+        r"hoe lang|hoeveel dagen|hoe snel|wanneer|levertijd|"
+        r"wie lange|wie viele tage|wie schnell|wann|lieferzeit|"
+        r"combien de temps|combien de jours|quand|délai|cuánto tiempo|cuántos días|cuándo|"
+        r"quanto tempo|quanti giorni|quando)\b"
+    ),
+    "hours": re.compile(
+        r"\b(opening hours|open|opens|close|closes|closing|hours|"
+        r"openingstijden|openingsuren|geopend|sluit|öffnungszeiten|geöffnet|offen|schließt|"
+        r"horaires?|ouvert|ferme|horario|abierto|abre|orari|orario|aperto)\b"
+    ),
+    "contact": re.compile(
+        r"\b(phone|call|telephone|e-?mail|address|reach you|contact|"
+        r"telefoon|telefoonnummer|bellen|adres|bereiken|telefon|anrufen|adresse|erreichen|"
+        r"téléphone|joindre|teléfono|dirección|correo|telefono|indirizzo)\b"
+    ),
+}
+
+_WH = re.compile(
+    r"^\s*(what|which|who|whom|whose|where|when|why|how|wat|welke|welk|wie|waar|wanneer|"
+    r"waarom|hoe|hoeveel|was|welche|welcher|welches|wer|wo|woher|wohin|wann|warum|wieso|"
+    r"wieviel|que|quoi|quel|quelle|quels|quelles|qui|où|quand|pourquoi|comment|combien|qué|"
+    r"cuál|cuáles|quién|dónde|cuándo|por qué|cómo|cuánto|cuánta|cuántos|cuántas|che|cosa|"
+    r"quale|quali|chi|dove|quando|perché|come|quanto|quanti|quante)\b",
+    re.IGNORECASE,
+)
+# Openings of yes/no questions that need no question mark ("can I pay with PayPal").
+_YES_NO_START = re.compile(
+    r"^\s*(is|are|am|do|does|did|can|could|will|would|should|shall|may|might|have|has|"
+    r"kan|kun|kunt|kunnen|mag|mogen|moet|is|zijn|ben|heb|hebt|hebben|heeft|doen|doet|wordt|"
+    r"worden|zit|zitten|gaat|verzenden|versturen|leveren|accepteren|verkopen|bieden|"
+    r"kann|kannst|können|könnt|darf|dürfen|muss|ist|sind|bin|gibt|habt|haben|hat|wird|"
+    r"werden|liefert|liefern|versendet|versenden|akzeptiert|akzeptieren|nehmt|nehmen|"
+    r"verkauft|verkaufen|bietet|bieten|est-ce|puis-je|peut-on|peux|pouvez|acceptez|"
+    r"livrez|vendez|avez|êtes|puedo|pueden|puede|aceptan|hay|tienen|venden|envían|es|"
+    r"está|posso|potete|può|accettate|spedite|vendete|avete|è)\b",
+    re.IGNORECASE,
+)
+_COMPARES = re.compile(
+    r"\b(compare|comparison|difference|differences|versus|vs|better|or the|"
+    r"vergelijk|vergelijken|verschil|beter|of de|vergleich|vergleichen|unterschied|besser|"
+    r"oder der|oder die|oder das|comparer|différence|mieux|ou le|ou la|comparar|diferencia|"
+    r"mejor|o el|o la|confrontare|differenza|meglio|o il|o la)\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A question as the answerer reads it.
+
+    ``text`` is self-contained (a follow-up already joined to what it leans on); ``focus`` are
+    the key words of the visitor's own last message, which decide between close candidates
+    ("and Belgium?" after a question about Germany).
+    """
+
+    text: str
+    language: str
+    terms: tuple[str, ...]  # key words of ``text``, lower case, in order
+    focus: tuple[str, ...]  # key words of the visitor's own words
+    wants: frozenset[str]
+    yes_no: bool
+    compares: bool
+    names: tuple[str, ...]  # capitalised or coded words: names of products, places, brands
+
+    @classmethod
+    def read(cls, text: str, language: str, latest: str | None = None) -> Question:
+        own = latest if latest is not None else text
+        lowered = text.casefold()
+        return cls(
+            text=text,
+            language=language,
+            terms=key_words(text, language),
+            focus=key_words(own, language),
+            wants=frozenset(kind for kind, pattern in _WANTS.items() if pattern.search(lowered)),
+            yes_no=is_yes_no(own),
+            compares=bool(_COMPARES.search(own)),
+            names=names_in(text),
+        )
+
+
+def fold(word: str) -> str:
+    """Lower case without accents: "België" and "belgie" compare equal."""
+    decomposed = unicodedata.normalize("NFKD", word.casefold())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+@functools.cache
+def _stop_words(language: str) -> frozenset[str]:
+    words: set[str] = set(_CHATTER)
+    for lang in {language, "en"}:
+        try:
+            words.update(fold(w) for w in get_stop_words(lang))
+        except Exception:  # a language without a list: only English words and chatter then
+            log.debug("question.stop_words.missing language=%s", lang)
+    return frozenset(words)
+
+
+_GUESSABLE = ("en", "nl", "de", "fr", "es", "it")
+
+
+@functools.cache
+def _own_stop_words(language: str) -> frozenset[str]:
+    try:
+        return frozenset(fold(w) for w in get_stop_words(language))
+    except Exception:
+        return frozenset()
+
+
+def guess_language(text: str) -> str | None:
+    """The language of a message too short for statistics ("wat kost de Stormvang?"), by
+    its function words; None when no language stands out."""
+    found = [fold(w) for w in words(text)]
+    counts = {lang: sum(w in _own_stop_words(lang) for w in found) for lang in _GUESSABLE}
+    ranked = sorted(counts.items(), key=lambda item: -item[1])
+    (best, top), (_, second) = ranked[0], ranked[1]
+    return best if top >= 1 and top > second else None
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+def key_words(text: str, language: str) -> tuple[str, ...]:
+    """The words that carry the question: no stop words, no chatter, each once."""
+    stop = _stop_words(language.split("-")[0])
+    out: dict[str, None] = {}
+    for word in words(text):
+        folded = fold(word)
+        if folded in stop or (len(folded) < 3 and not any(c.isdigit() for c in folded)):
+            continue
+        out[folded] = None
+    return tuple(out)
+
+
+@functools.cache
+def _stemmer(language: str) -> object:
+    return snowballstemmer.stemmer(_STEMMERS.get(language, "english"))
+
+
+def stem(word: str, language: str) -> str:
+    return str(_stemmer(language.split("-")[0]).stemWord(fold(word)))  # type: ignore[attr-defined]
+
+
+def is_yes_no(text: str) -> bool:
+    """A question answered by yes or no: no question word first, and a verb first or a
+    question mark ("Kan ik met PayPal betalen", "Liefert ihr nach Österreich?")."""
+    if _WH.search(text):
+        return False
+    stripped = text.strip().lstrip("¿¡")
+    return bool(_YES_NO_START.search(stripped))
+
+
+_NAME = re.compile(
+    r"(?<![\w-])(?:[A-Z][\w-]*\d[\w-]*|[A-Z]{2,}[\w-]*|[A-ZÀ-Þ][a-zß-ÿ]+(?:[ -][A-Z0-9][\w+]+)*)"
+)
+
+
+def names_in(text: str) -> tuple[str, ...]:
+    """Capitalised words and codes that are not the first word of a sentence: the names a
+    question is about ("Fjellsti Mid WP", "NK-2041", "Belgium")."""
+    found: dict[str, None] = {}
+    for match in _NAME.finditer(text):
+        start = match.start()
+        before = text[:start].rstrip()
+        first_of_sentence = not before or before[-1] in ".!?¿¡:"
+        name = match.group(0)
+        if first_of_sentence and " " not in name and not any(c.isdigit() for c in name):
+            continue
+        found[name] = None
+    return tuple(found)

@@ -1,0 +1,63 @@
+"""The bot's fixed sentences exist in every language it answers in without a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.answer.escalation import DEFAULT_HANDOFF_TEXTS, DEFAULT_OUT_OF_HOURS_TEXTS
+from core.answer.guard import REFUSALS, refusal
+from core.answer.phrases import LANGUAGES, deferral, language_name, phrase
+from core.answer.question import Question, guess_language
+
+
+@pytest.mark.parametrize(
+    "table", [DEFAULT_HANDOFF_TEXTS, DEFAULT_OUT_OF_HOURS_TEXTS, REFUSALS], ids=repr
+)
+def test_every_fixed_sentence_table_covers_the_six_languages(table: dict[str, str]) -> None:
+    assert set(LANGUAGES) <= set(table)
+    assert len({table[lang] for lang in LANGUAGES}) == len(LANGUAGES)
+
+
+@pytest.mark.parametrize("name", ["unverified", "contact", "only_in", "not_listed"])
+def test_each_phrase_differs_per_language(name: str) -> None:
+    texts = {phrase(name, lang, route="x", other="y", thing="z") for lang in LANGUAGES}
+    assert len(texts) == len(LANGUAGES)
+
+
+def test_regional_and_unknown_languages_fall_back_sensibly() -> None:
+    assert phrase("unverified", "nl-BE") == phrase("unverified", "nl")
+    assert phrase("unverified", "pt") == phrase("unverified", "en")
+    assert refusal("it-IT") == REFUSALS["it"]
+    assert deferral("es", "") == phrase("unverified", "es")
+    assert language_name("nl", "de") == "Niederländisch"
+
+
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [
+        ("wat kost de Stormvang 3L?", "nl"),
+        ("und was kostet er?", "de"),
+        ("en wat kost hij?", "nl"),
+        ("how much is it", "en"),
+    ],
+)
+def test_short_messages_are_recognised_by_their_function_words(text: str, language: str) -> None:
+    assert guess_language(text) == language
+
+
+@pytest.mark.parametrize(
+    ("text", "wants", "yes_no"),
+    [
+        ("How much is the Fjellsti Mid WP?", {"price"}, False),
+        ("en wat kost hij?", {"price"}, False),
+        ("Is the Winterslaap in stock?", {"availability"}, True),
+        ("Can I pay with Bitcoin", set(), True),
+        ("Liefert ihr nach Österreich?", set(), True),
+        ("Wie lange dauert der Versand nach Belgien?", {"duration"}, False),
+        ("Store opening hours?", {"hours"}, False),
+    ],
+)
+def test_a_question_is_read_for_the_fact_it_wants(text: str, wants: set[str], yes_no: bool) -> None:
+    question = Question.read(text, "en")
+    assert question.wants == wants
+    assert question.yes_no is yes_no
