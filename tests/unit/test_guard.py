@@ -141,7 +141,9 @@ def test_a_new_shorter_answer_is_judged_afresh() -> None:
         ("nl-BE", REFUSALS["nl"]),
         ("DE", REFUSALS["de"]),
         ("fr_FR", REFUSALS["fr"]),
-        ("es", REFUSALS["en"]),
+        ("es", REFUSALS["es"]),
+        ("it-IT", REFUSALS["it"]),
+        ("pt", REFUSALS["en"]),
         (None, REFUSALS["en"]),
         ("", REFUSALS["en"]),
     ],
@@ -154,4 +156,4 @@ def test_the_english_refusal_is_the_agreed_wording() -> None:
     assert REFUSALS["en"] == (
         "I can't share that, but I'm happy to help with questions about our products and services."
     )
-    assert set(REFUSALS) == {"en", "nl", "de", "fr"}
+    assert set(REFUSALS) == {"en", "nl", "de", "fr", "es", "it"}
