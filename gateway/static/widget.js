@@ -713,7 +713,8 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
 .launcher svg { width: 26px; height: 26px; }
 .panel {
   position: fixed; right: 20px; bottom: 88px; width: 380px; height: 600px;
-  max-height: calc(100vh - 108px); display: flex; flex-direction: column; overflow: hidden;
+  max-width: calc(100vw - 40px); max-height: calc(100vh - 108px);
+  display: flex; flex-direction: column; overflow: hidden;
   background: #fff; border-radius: 16px;
   box-shadow: 0 16px 48px rgba(15, 23, 42, .22), 0 2px 8px rgba(15, 23, 42, .08);
   animation: pop .16s ease-out;
@@ -735,13 +736,17 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
   flex: 1; min-height: 0; overflow-y: auto; overscroll-behavior: contain; overflow-anchor: none;
   display: flex; flex-direction: column; gap: 12px; padding: 18px 16px; background: #f6f7f9;
 }
-.msg { max-width: 88%; padding: 10px 14px; border-radius: 16px; overflow-wrap: anywhere; }
+/* Flex items shrink to fit their column by default; in a scrolling log that squeezes long
+   messages into one another. Each keeps the height of what it holds, and the log scrolls. */
+.log > * { flex: none; }
+/* relative: the screen-reader labels inside stay with their message when the log scrolls */
+.msg { position: relative; max-width: 88%; padding: 10px 14px; border-radius: 16px; overflow-wrap: anywhere; }
 .msg.user {
   align-self: flex-end; white-space: pre-wrap; border-bottom-right-radius: 4px;
   background: var(--pc); color: var(--pc-text);
 }
 .msg.bot {
-  align-self: flex-start; min-width: 72px; min-height: 44px; border-bottom-left-radius: 4px;
+  align-self: flex-start; min-width: 72px; border-bottom-left-radius: 4px;
   background: #fff; border: 1px solid var(--line); box-shadow: 0 1px 2px rgba(15, 23, 42, .04);
 }
 .msg.bot.error { background: #fff6f4; border-color: #f4cfc6; color: #8a2c1b; }
@@ -772,6 +777,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
 .sources-title { margin: 0 0 4px; color: var(--muted); font-size: 12px; font-weight: 600; letter-spacing: .02em; }
 .sources ol { margin: 0; padding: 0; list-style: none; }
 .sources li { display: flex; gap: 6px; align-items: baseline; margin: 3px 0; }
+.sources li a { min-width: 0; } /* a long address or title wraps instead of widening the list */
 .sources .n { flex: none; color: var(--muted); font-size: 12px; font-variant-numeric: tabular-nums; }
 .retry {
   margin-top: 8px; padding: 4px 12px; border: 1px solid currentColor; border-radius: 999px;
@@ -804,8 +810,9 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
 }
 .sr-only { position: absolute; width: 1px; height: 1px; margin: -1px; padding: 0; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
 @supports (height: 100dvh) { .panel { max-height: calc(100dvh - 108px); } }
-@media (max-width: 480px) {
-  .panel { top: 0; left: 0; right: 0; bottom: 0; width: 100%; height: 100%; max-height: none; border-radius: 0; }
+/* A phone, or a window too low for the floating panel: the chat takes the whole screen. */
+@media (max-width: 480px), (max-height: 480px) {
+  .panel { top: 0; left: 0; right: 0; bottom: 0; width: 100%; height: 100%; max-width: none; max-height: none; border-radius: 0; }
   .root.open .launcher { display: none; }
   .launcher { right: 16px; bottom: 16px; }
   .msg { max-width: 92%; }
@@ -829,7 +836,9 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       width: "0",
       height: "0",
       overflow: "visible",
-      "z-index": "2147483000",
+      // The highest z-index there is: a shop's cookie banner, sticky header or chat-like
+      // overlay must never cover the open panel.
+      "z-index": "2147483647",
       visibility: "visible",
       opacity: "1",
       transform: "none",
