@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.eval_retrieval            # embedded PostgreSQL in a temp dir
     .venv/bin/python -m bench.eval_retrieval --by kind  # rows per question kind instead
+    .venv/bin/python -m bench.eval_retrieval --by lang-kind  # per question language and kind
 
 Ingests `bench/data/shop/` (English, Dutch and German pages plus English-only pages without a
 language folder) and asks every question of `bench/data/questions.jsonl` in its own language,
@@ -53,6 +54,13 @@ class Question:
         folder = locale_from_url(next(iter(sorted(self.expected))))
         return f"{self.lang}->{language_of(folder) if folder else 'en'}"
 
+    def group(self, by: str) -> str:
+        if by == "pair":
+            return self.pair
+        if by == "lang-kind":
+            return f"{self.lang} {self.kind}"
+        return self.kind
+
 
 def load_questions(path: Path) -> list[Question]:
     rows = [
@@ -97,7 +105,7 @@ async def evaluate(
         name: defaultdict(list) for name in RETRIEVERS
     }
     for question, vector in zip(questions, vectors, strict=True):
-        group = question.pair if by == "pair" else question.kind
+        group = question.group(by)
         for name, options in RETRIEVERS.items():
             result = await retriever.retrieve(
                 RetrievalQuery(
@@ -115,9 +123,10 @@ async def evaluate(
 
 def print_table(results: dict[str, dict[str, list[tuple[float, float, float]]]], by: str) -> None:
     groups = [*sorted({g for per in results.values() for g in per if g != "all"}), "all"]
-    header = f"{by:<10} {'n':>4}  " + "  ".join(f"{name:^20}" for name in RETRIEVERS)
+    width = max(10, *(len(g) for g in groups))
+    header = f"{by:<{width}} {'n':>4}  " + "  ".join(f"{name:^20}" for name in RETRIEVERS)
     print(header)
-    print(f"{'':<10} {'':>4}  " + "  ".join(f"{'hit@1  hit@5  MRR':^20}" for _ in RETRIEVERS))
+    print(f"{'':<{width}} {'':>4}  " + "  ".join(f"{'hit@1  hit@5  MRR':^20}" for _ in RETRIEVERS))
     for group in groups:
         cells = []
         for name in RETRIEVERS:
@@ -128,7 +137,7 @@ def print_table(results: dict[str, dict[str, list[tuple[float, float, float]]]],
             mrr = sum(r[2] for r in rows) / n
             cells.append(f"{h1:5.2f}  {h5:5.2f}  {mrr:5.2f}")
         n = len(results["final"][group])
-        print(f"{group:<10} {n:>4}  " + "  ".join(f"{c:^20}" for c in cells))
+        print(f"{group:<{width}} {n:>4}  " + "  ".join(f"{c:^20}" for c in cells))
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -144,5 +153,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--by", choices=["pair", "kind"], default="pair")
+    parser.add_argument("--by", choices=["pair", "kind", "lang-kind"], default="pair")
     asyncio.run(main(parser.parse_args()))

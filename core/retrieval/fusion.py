@@ -11,6 +11,10 @@ Two strategies, measured against each other by `bench/eval_retrieval.py`:
   rank and weighted by language. When another-language page is among the closest by meaning,
   the question's own-language pages get no lexical bonus, so cross-lingual hits keep the dense
   side's strength; otherwise same-language questions profit from exact words.
+  Whatever the languages, a chunk with a heading or sentence that is the question itself,
+  word for word or nearly (`Candidate.exactness`), is taken at its word and ranked above
+  what is merely close in meaning: a visitor who types an FAQ question or a section title
+  means that entry.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ LEXICAL_WEIGHT_OTHER = 0.05
 LEXICAL_WEIGHT_CROSS = 0.15
 CROSS_LINGUAL_LOOKAHEAD = 3
 LEXICAL_MARGIN = 0.15
+# From this lexeme overlap on, a heading or sentence counts as the query itself (3 of 4
+# words, or a heading with one word more than the query). Such a match earns a bonus larger
+# than any similarity gap, doubling up to a word-for-word match, so that among similar FAQ
+# questions the one typed exactly wins over one that shares most of its words.
+EXACT_FROM = 0.75
+EXACT_BONUS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +76,12 @@ def _same_language(candidate: Candidate, query_language: str | None) -> bool:
     )
 
 
+def _exact_bonus(candidate: Candidate) -> float:
+    if candidate.exactness < EXACT_FROM:
+        return 0.0
+    return EXACT_BONUS * (1.0 + (candidate.exactness - EXACT_FROM) / (1.0 - EXACT_FROM))
+
+
 def calibrated(
     dense: Sequence[Candidate], lexical: Sequence[Candidate], query_language: str | None
 ) -> list[Fused]:
@@ -81,13 +97,16 @@ def calibrated(
     fused = []
     for c in merged.values():
         same = _same_language(c, query_language)
-        if cross_lingual:
+        # An exact match is no accident of language, so the cross-lingual and margin rules
+        # leave its word evidence alone: of two exact twins, the question's language wins.
+        exact = _exact_bonus(c)
+        if cross_lingual and not exact:
             weight = 0.0 if same else LEXICAL_WEIGHT_CROSS
-        elif c.dense < closest - LEXICAL_MARGIN:
+        elif c.dense < closest - LEXICAL_MARGIN and not exact:
             weight = 0.0  # words alone never lift a page that is far off in meaning
         else:
             weight = LEXICAL_WEIGHT_SAME if same else LEXICAL_WEIGHT_OTHER
-        fused.append(Fused(c, c.dense + weight * (c.lexical / best_lexical)))
+        fused.append(Fused(c, c.dense + weight * (c.lexical / best_lexical) + exact))
     return sorted(fused, key=lambda f: f.score, reverse=True)
 
 
