@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import html
 import logging
 import warnings
 from collections.abc import Awaitable
@@ -24,6 +23,7 @@ from telegram.error import (
 )
 from telegram.warnings import PTBDeprecationWarning
 
+from channels.citations import telegram_html
 from channels.delivery import DeliveryError, Sent, deliver_parts, keep_typing, split_message
 
 log = logging.getLogger(__name__)
@@ -125,16 +125,15 @@ class TelegramSender:
         await keep_typing(lambda: self.typing(chat_id), until, interval=self._typing_interval)
 
     async def _send_part(self, bot: Bot, chat_id: str | int, text: str) -> Sent:
-        escaped = html.escape(text, quote=False)
         try:
             message = await self._timed(
-                bot.send_message(chat_id, escaped, parse_mode=ParseMode.HTML)
+                bot.send_message(chat_id, telegram_html(text), parse_mode=ParseMode.HTML)
             )
         except BadRequest as exc:
             if "can't parse entities" not in exc.message.lower():
                 raise self._classify(exc) from None
             # Escaped text should always parse; if Telegram still refuses it, plain text
-            # loses only the formatting, never the answer.
+            # loses only the formatting (sources keep their URLs), never the answer.
             log.info("telegram.send.plain_fallback")
             message = await self._checked(bot.send_message(chat_id, text))
         except (TelegramError, TimeoutError) as exc:

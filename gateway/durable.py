@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
+from channels.citations import ReplyParts
 from channels.credentials import (
     ChannelNotConfigured,
     telegram_bot_token,
     twilio_credentials,
 )
-from channels.delivery import split_message
 from channels.telegram_send import TelegramSender
 from channels.twilio_send import TwilioSender
 from core.answer.factory import build_pipeline
@@ -26,11 +25,12 @@ AGENT_FRESH_SECONDS = 30.0
 SUMMARY_DRAIN_SECONDS = 5.0
 
 
-def reply_splitters() -> dict[str, Callable[[str], Sequence[str]]]:
-    """How a reply is cut into messages per channel (for the inbox worker and staff replies)."""
+def reply_splitters() -> dict[str, ReplyParts]:
+    """How a reply is cut into messages per channel, its cited sources listed at the end
+    (for the inbox worker and staff replies)."""
     return {
-        "whatsapp": lambda text: split_message(text, TwilioSender.limit),
-        "telegram": lambda text: split_message(text, TelegramSender.limit),
+        "whatsapp": ReplyParts(TwilioSender.limit),
+        "telegram": ReplyParts(TelegramSender.limit),
     }
 
 

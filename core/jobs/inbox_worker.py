@@ -15,11 +15,11 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
-from core.answer.pipeline import AnswerPipeline
+from core.answer.pipeline import AnswerPipeline, SourceRef
 from core.memory import ConversationMemory
 from core.store.agents import Agents
 from core.store.conversations import Conversations, TurnRecord, discard_turn, reply_message_id
@@ -30,7 +30,23 @@ from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
 
-Splitter = Callable[[str], Sequence[str]]
+
+class Splitter(Protocol):
+    """Cuts a reply into a channel's messages, the sources it cites listed at the end."""
+
+    def __call__(
+        self,
+        text: str,
+        sources: Sequence[SourceRef] = (),
+        *,
+        language: str | None = None,
+        site: str | None = None,
+    ) -> Sequence[str]:
+        """``sources`` numbered as ``text`` cites them; ``language`` names the list;
+        root-relative source URLs are on ``site``."""
+        ...
+
+
 # Shows the customer that an answer is on its way (Telegram's "typing..."), until the event.
 TypingIndicator = Callable[[str, asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -69,14 +85,18 @@ class _Reply:
     text: str
     conversation_id: int | None
     turn_id: int | None
+    sources: Sequence[SourceRef] = ()
+    language: str | None = None
+    site: str | None = None
 
 
 class InboxWorker:
     """Answers waiting inbox rows, one conversation at a time, conversations in parallel.
 
-    ``splitters`` split a reply into parts for a channel (core imports no channel, so the
-    gateway passes e.g. ``split_message`` at 1600 characters for WhatsApp); without one the
-    reply is a single part.
+    ``splitters`` split a reply into parts for a channel and list the sources it cites at
+    the end (core imports no channel, so the gateway passes e.g.
+    ``channels.citations.ReplyParts(1600)`` for WhatsApp); without one the reply is a single
+    part, without sources.
     """
 
     def __init__(
@@ -248,7 +268,20 @@ class InboxWorker:
         outcome = await self._pipeline.run(request, CollectingTurnOutput())
         if outcome.error is not None:
             raise RuntimeError(outcome.error)
-        return _Reply(outcome.answer, outcome.conversation_id, outcome.turn_id)
+        answered_in = None
+        if outcome.sources:
+            # The turn has just saved the conversation's language: the one the answer is in.
+            answered_in = await self._conversations.language(
+                agent.id, first.channel, first.conversation_key
+            )
+        return _Reply(
+            outcome.answer,
+            outcome.conversation_id,
+            outcome.turn_id,
+            outcome.sources,
+            answered_in or agent.default_language,
+            agent.site_url,
+        )
 
     async def _canned(
         self, claim: InboxClaim, question: str, answer: str, language: str | None
@@ -291,7 +324,12 @@ class InboxWorker:
         """The reply's parts into the outbox and the rows done, together or not at all."""
         first = claim.first
         split = self._splitters.get(first.channel)
-        parts = [p for p in (split(reply.text) if split else [reply.text]) if p.strip()]
+        made = (
+            split(reply.text, reply.sources, language=reply.language, site=reply.site)
+            if split
+            else [reply.text]
+        )
+        parts = [p for p in made if p.strip()]
         if await self._superseded(claim, reply):
             if self._memory is not None and reply.conversation_id is not None:
                 await self._memory.forget(reply.conversation_id)

@@ -46,6 +46,13 @@ class Agent:
         values["allowed_origins"] = tuple(values["allowed_origins"])
         return cls(**values)
 
+    @property
+    def site_url(self) -> str | None:
+        """The agent's website, where pages stored with a root-relative URL live (ingested
+        without a base URL): the site the widget runs on, its first https origin preferred."""
+        secure = [origin for origin in self.allowed_origins if origin.startswith("https://")]
+        return next(iter(secure or self.allowed_origins), None)
+
 
 _COLUMNS = ", ".join(Agent.__dataclass_fields__)
 

@@ -33,10 +33,12 @@ from core.store.curated import CuratedAnswers
 from core.store.inbox import Inbox
 from core.store.knowledge import KnowledgeStore
 from core.store.outbox import Outbox
+from gateway.durable import reply_splitters
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 
 WHATSAPP_FROM = "whatsapp:+14155238886"
+SITE = "https://shop.example"
 ALICE = "whatsapp:+31612345678"
 BOB = "whatsapp:+31687654321"
 PAGES = [
@@ -72,10 +74,7 @@ class Rig:
             "burst_window": 0.3,
             "lease": 5.0,
             "poll_interval": 0.05,
-            "splitters": {
-                "whatsapp": lambda text: split_message(text, TwilioSender.limit),
-                "telegram": lambda text: split_message(text, TelegramSender.limit),
-            },
+            "splitters": reply_splitters(),
             "memory": self.pipeline.memory,
         }
         return InboxWorker(self.database.pool, self.pipeline, **{**values, **options})
@@ -128,7 +127,7 @@ class Rig:
 async def _shop(database: Database, embedder: UseEmbedder, tmp_path: Path) -> Agent:
     agents = Agents(database.pool)
     await agents.create("shop", embedder=EmbedderIdentity.of(embedder))
-    agent = await agents.update("shop", contact_route="hello@shop.example")
+    agent = await agents.update("shop", contact_route="hello@shop.example", allowed_origins=[SITE])
     path = tmp_path / "pages.jsonl"
     path.write_text("\n".join(json.dumps(p) for p in PAGES), encoding="utf-8")
     await Ingestor(KnowledgeStore(database.pool), embedder).ingest(agent, parse_source(str(path)))
@@ -249,10 +248,54 @@ async def test_one_message_is_answered_delivered_and_stored(rig: Rig, running: R
     conversation = await conversations.find(rig.agent.id, "whatsapp", ALICE)
     assert conversation == row.conversation_id
     stored = await conversations.recent(conversation)
+    # The answer is stored as written; the message adds the page it cites, as a link.
+    answer, sources = message["body"].split("\n\nSources:\n")
     assert [(m.role, m.text) for m in stored] == [
         ("visitor", "How long does delivery to Belgium take?"),
-        ("assistant", message["body"]),
+        ("assistant", answer),
     ]
+    assert "[1]" in answer
+    assert "[2]" not in answer
+    assert sources == "[1] Shipping – https://shop.example/en/shipping"
+
+
+async def test_telegram_replies_link_the_pages_they_cite(rig: Rig, running: Running) -> None:
+    await rig.telegram_message(601, "How long does delivery to Belgium take?")
+    running.start(rig.worker(burst_window=0.0).run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    [message] = rig.telegram.messages
+    assert message["parse_mode"] == "HTML"
+    assert message["sent"].endswith(
+        '\n\nSources:\n[1] <a href="https://shop.example/en/shipping">Shipping</a>'
+    )
+    shown, listed = message["text"].split("\n\nSources:\n")  # as the customer reads it
+    assert "2-3 working days [1]" in shown
+    assert listed == "[1] Shipping"
+
+
+async def test_the_sources_are_listed_in_the_language_of_the_answer(
+    rig: Rig, running: Running, use_embedder: UseEmbedder, tmp_path: Path
+) -> None:
+    page = {"url": "/nl/verzending", "title": "Verzending", "lang": "nl",
+            "text": "# Verzending\nBestellingen naar België komen binnen 2-3 werkdagen aan."}  # fmt: skip
+    path = tmp_path / "nl.jsonl"
+    path.write_text(json.dumps(page), encoding="utf-8")
+    await Ingestor(KnowledgeStore(rig.database.pool), use_embedder).ingest(
+        rig.agent, parse_source(str(path))
+    )
+    await rig.whatsapp(ALICE, "Hoe lang duurt de levering naar België?")
+    running.start(rig.worker(burst_window=0.0).run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    [message] = rig.twilio.messages
+    answer, sources = message["body"].split("\n\nBronnen:\n")
+    assert answer == "Bestellingen naar België komen binnen 2-3 werkdagen aan [1]."
+    assert sources == "[1] Verzending – https://shop.example/nl/verzending"
 
 
 async def test_a_burst_of_messages_gets_one_reply(rig: Rig, running: Running) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,3 +312,37 @@ async def test_a_visitor_who_leaves_stops_the_llm_and_what_was_said_is_saved(
         assert trace["disconnected"] is True
     finally:
         await app_server.close()
+
+
+async def test_citations_are_renumbered_in_the_order_the_answer_uses_them(rig: Rig) -> None:
+    rig.fake.replies[MODEL] = [
+        "The Fjord GTX costs 189.95 euro [3]. Parcels to Belgium take 2-3 working days [2][3]."
+    ]
+    output = await rig.ask("How long does delivery to Belgium take, and what does the Fjord cost?")
+
+    system = rig.fake.chat_requests[0]["messages"][0]["content"]
+    prompt_urls = dict(re.findall(r'<source id="(\d+)" url="([^"]*)"', system))
+    assert len(prompt_urls) >= 3
+    done = output.done
+    assert done is not None
+    assert done["answer"] == (
+        "The Fjord GTX costs 189.95 euro [1]. Parcels to Belgium take 2-3 working days [1][2]."
+    )
+    assert done["citations"] == [1, 2]
+    # Source 1 in the list is the one the answer cites first, source 2 the next.
+    assert [(s["id"], s["url"]) for s in output.sources] == [
+        (1, prompt_urls["3"]),
+        (2, prompt_urls["2"]),
+    ]
+    trace = await rig.database.pool.fetchval(
+        "SELECT trace FROM turns WHERE id = $1", done["turn_id"]
+    )
+    assert {s["id"]: s["url"] for s in trace["sources"]} == {
+        int(n): url for n, url in prompt_urls.items()
+    }
+    assert trace["citations"] == [1, 2]
+    assert trace["cited_sources"] == {"1": 3, "2": 2}
+    stored = await rig.database.pool.fetchval(
+        "SELECT text FROM messages WHERE role = 'assistant' ORDER BY id DESC LIMIT 1"
+    )
+    assert stored == done["answer"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 from pytest_aiohttp import AiohttpServer
 
+from channels.citations import reply_parts
 from channels.delivery import DeliveryError, split_message
 from channels.telegram_send import MAX_TEXT_CHARS, TelegramSender
 from tests.fakes.telegram import BLOCKED, CANT_PARSE, FakeTelegram, flood
@@ -90,6 +92,60 @@ async def test_text_is_html_escaped(sender: TelegramSender, fake: FakeTelegram) 
         "Use &lt;b&gt;bold&lt;/b&gt; &amp; 5 &gt; 3, not &amp;amp; or &lt;script&gt;"
     )
     assert message["text"] == text  # what the user sees
+
+
+@dataclass(frozen=True)
+class Cited:
+    id: int
+    url: str
+    title: str
+
+
+async def test_cited_sources_arrive_as_links_after_the_escaped_answer(
+    sender: TelegramSender, fake: FakeTelegram
+) -> None:
+    sources = [
+        Cited(1, "/en/sizes.html", "Sizes <EU> & UK"),
+        Cited(2, "https://shop.example/en/returns?from=chat&lang=en", "Returns"),
+    ]
+    parts = reply_parts(
+        "Sizes run <small> [1] & returns are free [2].",
+        sender.limit,
+        sources,
+        language="en",
+        site="https://shop.example",
+    )
+
+    for part in parts:
+        await sender.send(str(CHAT), part)
+
+    [message] = fake.messages
+    assert message["parse_mode"] == "HTML"
+    assert message["sent"] == (
+        "Sizes run &lt;small&gt; [1] &amp; returns are free [2].\n\n"
+        "Sources:\n"
+        '[1] <a href="https://shop.example/en/sizes.html">Sizes &lt;EU&gt; &amp; UK</a>\n'
+        '[2] <a href="https://shop.example/en/returns?from=chat&amp;lang=en">Returns</a>'
+    )
+    assert message["text"] == (
+        "Sizes run <small> [1] & returns are free [2].\n\n"
+        "Sources:\n[1] Sizes <EU> & UK\n[2] Returns"
+    )
+
+
+async def test_a_refused_list_falls_back_to_plain_text_with_its_urls(
+    sender: TelegramSender, fake: FakeTelegram
+) -> None:
+    fake.fail_next = [CANT_PARSE]
+    [part] = reply_parts(
+        "Free returns [1].", sender.limit, [Cited(1, "https://shop.example/r", "Returns")]
+    )
+
+    await sender.send(str(CHAT), part)
+
+    [message] = fake.messages
+    assert message["parse_mode"] is None
+    assert message["text"] == "Free returns [1].\n\nSources:\n[1] Returns – https://shop.example/r"
 
 
 async def test_cant_parse_entities_falls_back_to_plain_text(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 
@@ -36,7 +37,8 @@ async def test_a_whatsapp_message_is_answered_through_twilio(
     make_settings: MakeSettings, database: Database, use_embedder: UseEmbedder, tmp_path: Path
 ) -> None:
     agents = Agents(database.pool)
-    agent = await agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    await agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    agent = await agents.update("shop", allowed_origins=["https://shop.example"])
     path = tmp_path / "pages.jsonl"
     path.write_text("\n".join(json.dumps(p) for p in PAGES), encoding="utf-8")
     await Ingestor(KnowledgeStore(database.pool), use_embedder).ingest(
@@ -85,6 +87,18 @@ async def test_a_whatsapp_message_is_answered_through_twilio(
             VISITOR,
         )
         assert [r["role"] for r in stored] == ["visitor", "assistant"]
+        # The message ends with the pages the answer cites, numbered as it cites them.
+        answer, listed = message["body"].split("\n\nSources:\n")
+        assert answer == stored[1]["text"]
+        cited = sorted({int(n) for n in re.findall(r"\[(\d+)\]", answer)})
+        assert cited == list(range(1, len(cited) + 1))
+        trace = await database.pool.fetchval("SELECT trace FROM turns")
+        prompt = {s["id"]: s for s in trace["sources"]}
+        pages = [prompt[trace["cited_sources"][str(n)]] for n in cited]
+        assert listed.split("\n") == [
+            f"[{n}] {page['title']} – https://shop.example{page['url']}"
+            for n, page in zip(cited, pages, strict=True)
+        ]
         assert await database.pool.fetchval("SELECT status FROM inbox") == "done"
         sent = await database.pool.fetchrow("SELECT status, provider_message_id FROM outbox")
         assert sent["status"] == "sent"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from core.answer.postprocess import Processed, postprocess
@@ -17,6 +19,11 @@ def _text(answer: str, count: int = 3, sources: list[str] | None = None) -> str:
     return postprocess(answer, count, SOURCES if sources is None else sources).text
 
 
+def _processed(text: str, cited: tuple[int, ...]) -> Processed:
+    """``text`` citing the sources numbered ``cited`` (in the prompt) as [1], [2], ..."""
+    return Processed(text, tuple(range(1, len(cited) + 1)), cited)
+
+
 # -- citations --------------------------------------------------------------------------
 
 
@@ -24,27 +31,27 @@ def _text(answer: str, count: int = 3, sources: list[str] | None = None) -> str:
     ("answer", "text", "citations"),
     [
         ("Shipping takes 2-3 days [1].", "Shipping takes 2-3 days [1].", (1,)),
-        ("Free returns [2, 3].", "Free returns [2][3].", (2, 3)),
-        ("Free returns [2,3].", "Free returns [2][3].", (2, 3)),
-        ("Free returns [3][2].", "Free returns [3][2].", (3, 2)),
+        ("Free returns [2, 3].", "Free returns [1][2].", (2, 3)),
+        ("Free returns [2,3].", "Free returns [1][2].", (2, 3)),
+        ("Free returns [3][2].", "Free returns [1][2].", (3, 2)),
         ("Free returns 【1】.", "Free returns [1].", (1,)),
-        ("Free returns 【3†source】.", "Free returns [3].", (3,)),
-        ("Free returns [source 2].", "Free returns [2].", (2,)),
-        ("Gratis retour [bron 2].", "Gratis retour [2].", (2,)),
-        ("Kostenlose Rücksendung [Quelle 2].", "Kostenlose Rücksendung [2].", (2,)),
-        ("Kostenlos [Quellen 1 und 3].", "Kostenlos [1][3].", (1, 3)),
-        ("Free returns [Source: 3].", "Free returns [3].", (3,)),
-        ("Free returns (source 3).", "Free returns [3].", (3,)),
-        ("Gratis retour (volgens bron 1 en 3).", "Gratis retour [1][3].", (1, 3)),
-        ("Free returns [^2].", "Free returns [2].", (2,)),
+        ("Free returns 【3†source】.", "Free returns [1].", (3,)),
+        ("Free returns [source 2].", "Free returns [1].", (2,)),
+        ("Gratis retour [bron 2].", "Gratis retour [1].", (2,)),
+        ("Kostenlose Rücksendung [Quelle 2].", "Kostenlose Rücksendung [1].", (2,)),
+        ("Kostenlos [Quellen 1 und 3].", "Kostenlos [1][2].", (1, 3)),
+        ("Free returns [Source: 3].", "Free returns [1].", (3,)),
+        ("Free returns (source 3).", "Free returns [1].", (3,)),
+        ("Gratis retour (volgens bron 1 en 3).", "Gratis retour [1][2].", (1, 3)),
+        ("Free returns [^2].", "Free returns [1].", (2,)),
         ("Free returns [1] [1].", "Free returns [1].", (1,)),
-        ("Free [2] returns [1] and more [2].", "Free [2] returns [1] and more [2].", (2, 1)),
+        ("Free [2] returns [1] and more [2].", "Free [1] returns [2] and more [1].", (2, 1)),
     ],
 )
 def test_citation_forms_become_numbers_in_brackets(
     answer: str, text: str, citations: tuple[int, ...]
 ) -> None:
-    assert postprocess(answer, 3, SOURCES) == Processed(text, citations)
+    assert postprocess(answer, 3, SOURCES) == _processed(text, citations)
 
 
 @pytest.mark.parametrize(
@@ -52,7 +59,7 @@ def test_citation_forms_become_numbers_in_brackets(
     [
         ("Shipping takes 2-3 days [4].", "Shipping takes 2-3 days.", ()),
         ("Shipping takes 2-3 days [0], really.", "Shipping takes 2-3 days, really.", ()),
-        ("Free returns [2, 7].", "Free returns [2].", (2,)),
+        ("Free returns [2, 7].", "Free returns [1].", (2,)),
         ("Free returns [12] [1]!", "Free returns [1]!", (1,)),
         ("Free returns (source 9).", "Free returns.", ()),
         ("Free returns 【5】\nbut not this.", "Free returns\nbut not this.", ()),
@@ -61,11 +68,11 @@ def test_citation_forms_become_numbers_in_brackets(
 def test_numbers_outside_the_sources_are_removed_with_their_space(
     answer: str, text: str, citations: tuple[int, ...]
 ) -> None:
-    assert postprocess(answer, 3, SOURCES) == Processed(text, citations)
+    assert postprocess(answer, 3, SOURCES) == _processed(text, citations)
 
 
 def test_no_sources_means_no_citations() -> None:
-    assert postprocess("I could not find that [1].", 0, []) == Processed(
+    assert postprocess("I could not find that [1].", 0, []) == _processed(
         "I could not find that.", ()
     )
 
@@ -81,7 +88,58 @@ def test_no_sources_means_no_citations() -> None:
     ],
 )
 def test_brackets_that_are_not_citations_stay(answer: str) -> None:
-    assert postprocess(answer, 3, SOURCES) == Processed(answer, ())
+    assert postprocess(answer, 3, SOURCES) == _processed(answer, ())
+
+
+FIVE = [f"Source text {n}." for n in range(1, 6)]
+
+
+def test_citations_are_numbered_in_the_order_the_answer_uses_them() -> None:
+    answer = "Shipping takes 2-3 days [2]. Returns are free [3]. Shipping is tracked [2]."
+
+    processed = postprocess(answer, 5, FIVE)
+
+    assert processed.text == (
+        "Shipping takes 2-3 days [1]. Returns are free [2]. Shipping is tracked [1]."
+    )
+    assert processed.citations == (1, 2)
+    assert processed.source_numbers == (2, 3)  # [1] is the prompt's source 2, [2] its source 3
+
+
+@pytest.mark.parametrize(
+    ("answer", "text", "cited"),
+    [
+        ("Free [4]. Returns [2][5].", "Free [1]. Returns [2][3].", (4, 2, 5)),
+        ("Free [4]. Returns [5, 4].", "Free [1]. Returns [1][2].", (4, 5)),
+        ("Free [4]. Returns [5] [4].", "Free [1]. Returns [1] [2].", (4, 5)),
+        ("Returns (sources 3 and 1), free [1].", "Returns [1][2], free [2].", (3, 1)),
+        ("Free [5].\nSources: [5], [2]", "Free [1].", (5, 2)),
+        ("See [the page](https://shop.example/a) [3] or [1](https://x.example) [3].",
+         "See [the page](https://shop.example/a) [1] or [1](https://x.example) [1].", (3,)),
+    ],
+)  # fmt: skip
+def test_groups_read_in_ascending_order_and_links_keep_their_text(
+    answer: str, text: str, cited: tuple[int, ...]
+) -> None:
+    assert postprocess(answer, 5, FIVE) == _processed(text, cited)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "A [3]. B [1][3]. C [5] [2]. D [4].",
+        "[5][4][3][2][1]",
+        "One [2], two [2, 4], three [1] and [source 5] again [4].",
+    ],
+)
+def test_first_uses_count_up_from_one(answer: str) -> None:
+    processed = postprocess(answer, 5, FIVE)
+
+    numbers = [int(n) for n in re.findall(r"\[(\d+)\]", processed.text)]
+    first_uses = list(dict.fromkeys(numbers))
+    assert first_uses == list(range(1, len(first_uses) + 1))
+    assert processed.citations == tuple(first_uses)
+    assert sorted(processed.source_numbers) == sorted(set(processed.source_numbers))
 
 
 # -- prompt markup and notes ------------------------------------------------------------
@@ -93,7 +151,7 @@ def test_copied_prompt_tags_are_removed_but_their_text_stays() -> None:
         "Orders to Belgium arrive within 2-3 working days [1].\n"
         "</source>"
     )
-    assert postprocess(answer, 3, SOURCES) == Processed(
+    assert postprocess(answer, 3, SOURCES) == _processed(
         "Orders to Belgium arrive within 2-3 working days [1].", (1,)
     )
 
@@ -102,7 +160,7 @@ def test_copied_prompt_tags_are_removed_but_their_text_stays() -> None:
     "tag", ["<sources>", "</sources>", "<history>", "</summary>", "<page>", "<SOURCE id='2'/>"]
 )
 def test_every_tag_of_our_prompt_goes(tag: str) -> None:
-    assert _text(f"{tag}Free returns [3].") == "Free returns [3]."
+    assert _text(f"{tag}Free returns [3].") == "Free returns [1]."
 
 
 def test_other_markup_is_left_alone() -> None:
@@ -136,8 +194,8 @@ def test_other_markup_is_left_alone() -> None:
             "Free returns within 30 days.",
             (3, 1),
         ),
-        ("Gratis retour [3].\nBronnen: [1] [3]", "Gratis retour [3].", (3, 1)),
-        ("Free returns [3].\n(Based on the provided sources)", "Free returns [3].", (3,)),
+        ("Gratis retour [3].\nBronnen: [1] [3]", "Gratis retour [1].", (3, 1)),
+        ("Free returns [3].\n(Based on the provided sources)", "Free returns [1].", (3,)),
         ("Free returns.\nSources: [7]", "Free returns.", ()),
         (
             "Versand in 2-3 Tagen [1].\n> Hinweis: Die Quellen erwähnen keine Expresslieferung.",
@@ -149,21 +207,21 @@ def test_other_markup_is_left_alone() -> None:
             "Livraison en 2-3 jours [1].",
             (1,),
         ),
-        ("Retour gratuit [3].\n(Selon la source 3)", "Retour gratuit [3].", (3,)),
+        ("Retour gratuit [3].\n(Selon la source 3)", "Retour gratuit [1].", (3,)),
     ],
 )
 def test_notes_about_the_sources_are_removed(
     answer: str, text: str, citations: tuple[int, ...]
 ) -> None:
-    assert postprocess(answer, 3, SOURCES) == Processed(text, citations)
+    assert postprocess(answer, 3, SOURCES) == _processed(text, citations)
 
 
 @pytest.mark.parametrize(
     "answer",
     [
         "Note: orders placed after 15:00 ship the next working day [1].",
-        "Please note that returns must be unused [3].",
-        "According to our terms, returns are free [3].",
+        "Please note that returns must be unused [1].",
+        "According to our terms, returns are free [1].",
         "Our cotton comes from certified sources in Portugal.",
         "The source code of the app is not public.",
         "Based on your order number, the parcel left on Monday.",
@@ -255,4 +313,4 @@ def test_french_spacing_before_marks_is_kept() -> None:
 
 
 def test_an_empty_answer_stays_empty() -> None:
-    assert postprocess("", 3, SOURCES) == Processed("", ())
+    assert postprocess("", 3, SOURCES) == _processed("", ())
