@@ -223,6 +223,11 @@ _NAME = re.compile(
 )
 
 
+def _is_function_word(word: str) -> bool:
+    folded = fold(word)
+    return any(folded in _own_stop_words(lang) for lang in _GUESSABLE)
+
+
 def names_in(text: str) -> tuple[str, ...]:
     """Capitalised words and codes that are not the first word of a sentence: the names a
     question is about ("Fjellsti Mid WP", "NK-2041", "Belgium")."""
@@ -232,7 +237,8 @@ def names_in(text: str) -> tuple[str, ...]:
         before = text[:start].rstrip()
         first_of_sentence = not before or before[-1] in ".!?¿¡:"
         name = match.group(0)
-        if first_of_sentence and " " not in name and not any(c.isdigit() for c in name):
+        single = " " not in name and not any(c.isdigit() for c in name)
+        if single and (first_of_sentence or _is_function_word(name)):
             continue
         found[name] = None
     return tuple(found)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from core.answer.question import guess_language, key_words
 from core.errors import Unavailable
 from core.ports import Cache, ChatMessage, ChatModel
 
@@ -69,8 +70,12 @@ def is_follow_up(
     if not any(role == "visitor" for role, _ in history):
         points = starts or bool(_POINTS_AT_PAGE.search(question))
         return page_subject is not None and points and not _names_it(question, page_subject)
-    words = re.findall(r"\w+", question)
-    return len(words) <= SHORT_QUESTION_WORDS or starts or bool(_ANAPHORA.search(question))
+    # A short question with a topic of its own ("Do you repair bicycles?") stands alone; a
+    # very short one ("size 44?") or one without a word of substance leans on what came before.
+    count = len(re.findall(r"\w+", question))
+    substance = len(key_words(question, guess_language(question) or "en"))
+    leans = count <= 3 or (count <= SHORT_QUESTION_WORDS and substance == 0)
+    return leans or starts or bool(_ANAPHORA.search(question))
 
 
 def _names_it(question: str, subject: str) -> bool:
@@ -83,7 +88,10 @@ def heuristic_rewrite(
     """Deterministic rewrite: the previous visitor message and the page the visitor is on
     give the topic; the visitor's own words come last."""
     previous = next((text for role, text in reversed(history) if role == "visitor"), "")
-    parts = [previous]
+    # a full stop keeps the previous question's words from running into a name ("boots How")
+    parts = [
+        previous.rstrip() + ("" if previous.rstrip()[-1:] in ".?!" else ".") if previous else ""
+    ]
     if page_subject and not _names_it(f"{previous} {question}", page_subject):
         parts.insert(0, page_subject)
     return " ".join(p for p in (*parts, question) if p).strip()

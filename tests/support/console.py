@@ -58,7 +58,7 @@ CHATS = [
     ("whatsapp", WHATSAPP, ["What does shipping to Belgium cost?", "Do you repair bicycles?"]),
     ("telegram", TELEGRAM, ["Can I return an item?", "I want to talk to a human"]),
     ("web", "web-session-0001", ["How long does delivery to Belgium take?"]),
-    ("web", "web-session-0002", ["do you repair bicycles"]),
+    ("web", "web-session-0002", ["do you repair bicycles", "Do you sell kayaks?"]),
     ("api", "api-customer-42", ["Can I return an item after 30 days?"]),
 ]
 

@@ -34,6 +34,8 @@ def test_follow_ups_need_a_rewrite(question: str) -> None:
     [
         "How long does delivery to Belgium take for an order placed today?",
         "Welke betaalmethoden accepteren jullie bij een bestelling in de webshop?",
+        "Do you repair bicycles?",
+        "Verkopen jullie kano's?",
     ],
 )
 def test_self_contained_questions_go_verbatim(question: str) -> None:
