@@ -17,13 +17,13 @@ from core.answer.extractive import Evidence
 # Fitted weights; see the module docstring.
 WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
-        "bias": -1.355,
-        "score": 1.320,
-        "similarity": -0.075,
-        "coverage": 0.663,
-        "names_missing": -0.815,
-        "wanted_missing": -0.573,
-        "match": 0.700,
+        "bias": -1.562,
+        "score": 1.534,
+        "similarity": -0.050,
+        "coverage": 0.614,
+        "names_missing": -0.756,
+        "wanted_missing": -0.784,
+        "match": 0.712,
     }
 )
 

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from core.answer.phrases import LANGUAGES, deferral, language_name, phrase
-from core.answer.question import Question, fold, stem, words
+from core.answer.question import Question, fold, stem, wanted_kinds, words
 from core.ports import Embedder
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ NEAR_DUPLICATE = 0.9
 RELATIVE_MARGIN = 0.08
 MAX_ROWS = 8  # a table or list longer than this is quoted by its matching rows only
 KEY_WORD_WEIGHT = 0.3
-WANTED_FACT_WEIGHT = 0.25
+WANTED_FACT_WEIGHT = 0.35
 FILLER_PENALTY = 0.25
 NAMED_PAGE_BONUS = 0.1
 CURRENT_PAGE_BONUS = 0.05
@@ -299,6 +299,28 @@ def _compose(picked: Sequence[Sentence], subject: str) -> list[str]:
     return parts
 
 
+_RANGE = re.compile(
+    r"(\d+(?:[.,]\d+)?)\s*(?:–|-|—|to|tot|bis|à|a|al)\s*(\d+(?:[.,]\d+)?)", re.IGNORECASE
+)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", "."))
+    except ValueError:
+        return None
+
+
+def _ranges(text: str) -> list[tuple[float, float]]:
+    """Numeric ranges in a text ("EU 43–46", "39 to 42"), low end first."""
+    out = []
+    for match in _RANGE.finditer(text):
+        low, high = _number(match.group(1)), _number(match.group(2))
+        if low is not None and high is not None and low < high:
+            out.append((low, high))
+    return out
+
+
 class _Matcher:
     """Whether a piece of text contains a question's key words, by stem or by a shared
     beginning across languages ("België", "Belgium", "Belgien")."""
@@ -308,20 +330,27 @@ class _Matcher:
         self.terms = question.terms
         self.focus = set(question.focus)
         self.stems = {t: stem(t, self.language) for t in self.terms}
+        self.name_words = {fold(w) for name in question.names for w in words(name)}
 
     def _forms(self, text: str) -> tuple[set[str], set[str], set[str]]:
         folded = [fold(w) for w in words(text)]
         return set(folded), {stem(w, self.language) for w in folded}, {w[:5] for w in folded}
 
     def found(self, text: str) -> dict[str, float]:
-        """Key word -> 1.0 for the same stem, 0.6 for a shared five-letter beginning."""
+        """Key word -> 1.0 for the same stem or a number inside a range ("44" in "43–46"),
+        0.6 for a shared five-letter beginning."""
         plain, stems, prefixes = self._forms(text)
+        ranges: list[tuple[float, float]] | None = None
         out = {}
         for term in self.terms:
             if term in plain or self.stems[term] in stems:
                 out[term] = 1.0
             elif len(term) >= 6 and term[:5] in prefixes:
                 out[term] = 0.6
+            elif (number := _number(term)) is not None:
+                ranges = _ranges(text) if ranges is None else ranges
+                if any(low <= number <= high for low, high in ranges):
+                    out[term] = 1.0
         return out
 
     def weight(self, term: str) -> float:
@@ -334,8 +363,10 @@ def _key_word_scores(
     """Per piece: the share of the question's key words it holds, the rarer among the
     pieces counting more (a country in one row of many), and the share of the visitor's own
     key words it holds. Words of the page's title do not count: every piece of the
-    Stormvang 3L page is about the Stormvang 3L, the question is which one says its price."""
-    on_title = [set(matcher.found(title)) for title in titles]
+    Stormvang 3L page is about the Stormvang 3L, the question is which one says its price.
+    Only the names of the question are left out so: "store" in "Contact and store" still
+    tells the store's opening hours from other hours."""
+    on_title = [set(matcher.found(title)) & matcher.name_words for title in titles]
     found = [
         {t: v for t, v in matcher.found(f"{s.heading} {s.text}").items()
          if t not in on_title[s.source]}
@@ -355,8 +386,16 @@ def _key_word_scores(
     return np.array(shares, dtype=np.float32), np.array(focus, dtype=np.float32)
 
 
-def _wanted(question: Question, text: str) -> bool:
-    return any(kind in _FACTS and _FACTS[kind].search(text) for kind in question.wants)
+def _wanted(question: Question, text: str, heading: str = "") -> bool:
+    """The piece holds the kind of fact asked for: by its own shape ("€249.00", "2-3
+    days"), or a number under a heading that names the kind ("Gewicht", "Opening hours")."""
+    if any(kind in _FACTS and _FACTS[kind].search(text) for kind in question.wants):
+        return True
+    return (
+        bool(heading)
+        and any(c.isdigit() for c in text)
+        and bool(question.wants & wanted_kinds(heading))
+    )
 
 
 def _filler(question: Question, sentence: Sentence, matcher: _Matcher) -> bool:
@@ -400,6 +439,7 @@ class _Scored:
     key_words: NDArray[np.float32]
     focus: NDArray[np.float32]
     scores: NDArray[np.float32]
+    wanted: NDArray[np.float32]
 
 
 class _Vectors:
@@ -442,7 +482,7 @@ async def _score(
     key_words, focus = _key_word_scores(matcher, sentences, titles)
     # a labelled fact of the wanted kind ("Price: €249.00") is the answer itself
     wanted = np.array(
-        [_wanted(question, s.text) * (1.5 if _LABELLED.match(s.text) else 1.0)
+        [_wanted(question, s.text, s.heading) * (1.5 if _LABELLED.match(s.text) else 1.0)
          for s in sentences],
         dtype=np.float32,
     )  # fmt: skip
@@ -454,7 +494,7 @@ async def _score(
         - FILLER_PENALTY * filler
     ).astype(np.float32)
     scores = _questions_point_at_answers(sentences, similarity, scores)
-    return _Scored(sentences, rows, similarity, key_words, focus, scores)
+    return _Scored(sentences, rows, similarity, key_words, focus, scores, wanted)
 
 
 def _page_scores(
@@ -517,6 +557,8 @@ def _choose(
         for index in order[1:]:
             if len(chosen) >= max_sentences or scored.scores[index] < max(margin, floor):
                 break
+            if scored.wanted[best] and not scored.wanted[index]:
+                continue  # the fact asked for is there: what lacks it is noise
             if block >= 0 and scored.sentences[index].block == block:
                 continue  # the question's words already chose among this block's rows
             if any(

@@ -254,6 +254,8 @@ class AnswerPipeline:
         # the quote's confidence, not the match alone, decides whether it is said.
         candidates = result.hits or (result.ranked if self._chat is None else ())
         sources = _sources(candidates, self._config.max_sources)
+        if page_title and rewrite.method != "verbatim" and subject_of(page_title) in rewrite.query:
+            sources = await self._with_current_page(request, agent, sources)
         match = result.confidence or 0.0
         question = Question.read(rewrite.query, language, latest=request.text)
         threshold = float(agent.settings.get("answer_threshold", ANSWER_THRESHOLD))
@@ -494,6 +496,24 @@ class AnswerPipeline:
             (),
             (),
         )
+
+    async def _with_current_page(
+        self, request: TurnRequest, agent: Agent, sources: list[SourceRef]
+    ) -> list[SourceRef]:
+        """A question about the page the visitor is on ("and how much is it?") is answered
+        from that page too, even when the search ranked it below others."""
+        url = request.page.url if request.page else None
+        if not url or any(same_page(s.url, url) for s in sources):
+            return sources
+        page = await self._retriever.page_at(agent, url)
+        if page is None:
+            return sources
+        text = (await self._retriever.page_texts(agent.id, [page.page_id])).get(page.page_id, "")
+        number = len(sources) + 1
+        return [
+            *sources,
+            SourceRef(number, page.url, page.title, 0.0, text, page.locale, page.page_id),
+        ]
 
     async def _quote(
         self,

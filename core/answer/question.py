@@ -139,11 +139,17 @@ class Question:
             language=language,
             terms=key_words(text, language),
             focus=key_words(own, language),
-            wants=frozenset(kind for kind, pattern in _WANTS.items() if pattern.search(lowered)),
+            wants=wanted_kinds(lowered),
             yes_no=is_yes_no(own),
             compares=bool(_COMPARES.search(own)),
-            names=names_in(text),
+            names=names_in(own) or names_in(text),
         )
+
+
+def wanted_kinds(text: str) -> frozenset[str]:
+    """The kinds of fact a text asks for or names ("how much" -> price, "Gewicht" -> weight)."""
+    lowered = text.casefold()
+    return frozenset(kind for kind, pattern in _WANTS.items() if pattern.search(lowered))
 
 
 def fold(word: str) -> str:

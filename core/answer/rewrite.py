@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from core.answer.question import guess_language, key_words
+from core.answer.question import guess_language, key_words, names_in
 from core.errors import Unavailable
 from core.ports import Cache, ChatMessage, ChatModel
 
@@ -78,6 +78,10 @@ def is_follow_up(
     return leans or starts or bool(_ANAPHORA.search(question))
 
 
+def _product_like(name: str) -> bool:
+    return " " in name or any(c.isdigit() for c in name)
+
+
 def _names_it(question: str, subject: str) -> bool:
     return subject.casefold() in question.casefold()
 
@@ -88,6 +92,13 @@ def heuristic_rewrite(
     """Deterministic rewrite: the previous visitor message and the page the visitor is on
     give the topic; the visitor's own words come last."""
     previous = next((text for role, text in reversed(history) if role == "visitor"), "")
+    if any(_product_like(name) for name in names_in(question)):
+        # "and the Lichtvoet Low?" replaces the product the previous question named (single
+        # capitalised words stay: in German every noun is one)
+        for name in filter(_product_like, names_in(previous)):
+            previous = previous.replace(name, " ")
+        previous = " ".join(previous.split())
+        page_subject = None
     # a full stop keeps the previous question's words from running into a name ("boots How")
     parts = [
         previous.rstrip() + ("" if previous.rstrip()[-1:] in ".?!" else ".") if previous else ""

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
@@ -105,6 +106,14 @@ class RetrievalResult:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PageRef:
+    page_id: int
+    url: str
+    title: str
+    locale: str | None
+
+
 class Retriever:
     def __init__(
         self,
@@ -144,6 +153,17 @@ class Retriever:
                 lines.append(text)
             texts[page_id] = "\n\n".join(lines)
         return texts
+
+    async def page_at(self, agent: Agent, url: str) -> PageRef | None:
+        """The public indexed page the visitor is on, whether the address is absolute or
+        root-relative on either side."""
+        parts = urlsplit(url)
+        path = parts.path or "/"
+        urls = list(dict.fromkeys([url, path, urlunsplit(parts._replace(query="", fragment=""))]))
+        row = await self._search.page_at(agent.id, urls, ("public",))
+        if row is None:
+            return None
+        return PageRef(row["id"], row["url"], row["title"], row["locale"])
 
     async def embed_queries(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """Question vectors in one batch, for callers that retrieve many at once."""

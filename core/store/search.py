@@ -184,6 +184,20 @@ class ChunkSearch:
             out.setdefault(row["page_id"], []).append((row["heading"], row["text"]))
         return out
 
+    async def page_at(
+        self, agent_id: int, urls: list[str], visibility: tuple[str, ...]
+    ) -> asyncpg.Record | None:
+        """The indexed page at one of ``urls`` (the same address written differently)."""
+        row: asyncpg.Record | None = await self._pool.fetchrow(
+            """SELECT id, url, title, locale FROM pages
+                WHERE agent_id = $1 AND url = ANY($2::text[]) AND visibility = ANY($3::text[])
+                LIMIT 1""",
+            agent_id,
+            urls,
+            list(visibility),
+        )
+        return row
+
     async def languages(self, agent_id: int) -> set[str]:
         """The languages the agent has pages in (by page locale)."""
         rows = await self._pool.fetch(
