@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from core.answer.phrases import LANGUAGES, deferral, language_name, phrase
-from core.answer.question import Question, fold, stem, wanted_kinds, words
+from core.answer.question import Question, fold, name_found, stem, wanted_kinds, words
 from core.ports import Embedder
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class Sentence:
     heading: str = ""
     block: int = -1  # the list or table it belongs to (-1: a paragraph sentence)
     header: tuple[str, ...] = ()  # a table row's column names
+    paragraph: int = -1  # the paragraph a sentence belongs to, counted per source
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +179,13 @@ class _Reader:
     block: int = -1
     header: list[str] | None = None
     paragraph: list[str] = field(default_factory=list)
+    paragraphs: int = 0
 
     def flush(self) -> Iterator[Sentence]:
         if self.paragraph:
+            self.paragraphs += 1
             for text in _split_paragraph(" ".join(self.paragraph)):
-                yield Sentence(self.source, text, self.heading)
+                yield Sentence(self.source, text, self.heading, paragraph=self.paragraphs)
             self.paragraph.clear()
 
     def open_block(self) -> int:
@@ -509,12 +512,30 @@ def _page_scores(
         if best[index] < 0:
             continue
         named = fold(passage.title) + " " + fold(passage.text[:300])
-        if any(fold(name) in named for name in question.names):
+        if any(name_found(name, named) for name in question.names):
             best[index] += NAMED_PAGE_BONUS
         if passage.current:
             best[index] += CURRENT_PAGE_BONUS
         best[index] += RANK_BONUS * max(0, 3 - index)
     return best
+
+
+def _answers_a_question(scored: _Scored, index: int) -> bool:
+    """The sentence sits in the answer of an FAQ entry: under a heading that is a question,
+    or right after a question like the visitor's."""
+    sentences = scored.sentences
+    sentence = sentences[index]
+    if sentence.block >= 0 or sentence.paragraph < 0:
+        return False
+    if sentence.heading.rstrip().endswith("?"):
+        return True
+    before = sentences[index - 1] if index > 0 else None
+    return (
+        before is not None
+        and before.source == sentence.source
+        and before.text.rstrip().endswith("?")
+        and scored.similarity[index - 1] >= FAQ_QUESTION_SIMILARITY
+    )
 
 
 def _asks_for_block(scored: _Scored, best: int, members: Sequence[int], matcher: _Matcher) -> bool:
@@ -552,6 +573,15 @@ def _choose(
             chosen = sorted(singled, key=lambda i: -scored.scores[i])[:3]
         elif len(members) <= MAX_ROWS and _asks_for_block(scored, best, members, matcher):
             chosen = members  # nothing singles a row out: the question asks for all of it
+    if _answers_a_question(scored, best):
+        # an FAQ entry matched: its whole answer paragraph is the answer
+        here = scored.sentences[best]
+        chosen = [
+            i for i in candidates
+            if scored.sentences[i].source == here.source
+            and scored.sentences[i].paragraph == here.paragraph
+            and not scored.sentences[i].text.rstrip().endswith("?")
+        ][:max_sentences]  # fmt: skip
     if len(chosen) == 1:
         margin = scored.scores[best] - RELATIVE_MARGIN
         for index in order[1:]:
@@ -635,7 +665,7 @@ async def extractive_answer(
         pages.add(ranked_pages[1])
     chosen = _choose(question, scored, pages, max_sentences, min_similarity, matcher)
     all_text = " ".join(f"{p.title} {p.text}" for p in passages)
-    names_found = [n for n in question.names if fold(n) in fold(all_text)]
+    names_found = [n for n in question.names if name_found(n, all_text)]
     page = ranked_pages[0]
     page_text = f"{passages[page].title} {passages[page].text}"
     coverage = sum(matcher.found(page_text).values()) / len(matcher.terms) if matcher.terms else 0.0

@@ -19,7 +19,7 @@ from core.answer.guard import StreamGuard, refusal
 from core.answer.phrases import deferral
 from core.answer.postprocess import postprocess
 from core.answer.prompt import PromptInput, PromptSource, build_messages, secret_text
-from core.answer.question import Question, guess_language
+from core.answer.question import Question, guess_language, name_found
 from core.answer.rewrite import QueryRewriter
 from core.errors import Unavailable
 from core.knowledge.locale import detect_language, language_of, locale_from_url
@@ -135,6 +135,11 @@ def _sources(hits: Sequence[Hit], limit: int) -> list[SourceRef]:
     return sources
 
 
+def _names_found(names: Sequence[str], hits: Sequence[Hit]) -> bool:
+    """Whether the passages name any of ``names`` ("Waddenhuis 2") in their title or text."""
+    return any(name_found(name, f"{h.title} {h.text}") for name in names for h in hits)
+
+
 # Turns staff or the nightly checks ask, not customers: they cost nothing and are no gaps.
 REHEARSALS = frozenset({"playground", "test"})
 
@@ -241,9 +246,15 @@ class AnswerPipeline:
         )
 
         step = time.perf_counter()
-        result = await self._retriever.retrieve(
-            self._retrieval_query(request, agent, rewrite.query, language)
-        )
+        question = Question.read(rewrite.query, language, latest=request.text)
+        query = self._retrieval_query(request, agent, rewrite.query, language)
+        result = await self._retriever.retrieve(query)
+        if question.names and not _names_found(question.names, result.hits):
+            # The product asked about may be described only in another language's folder.
+            wider = await self._retriever.retrieve(replace(query, language_folders=False))
+            if _names_found(question.names, wider.hits):
+                result = wider
+                trace.data["language_folders"] = "all"
         trace.lap("retrieve", step)
         trace.data["retrieved"] = [
             {"chunk_id": h.chunk_id, "url": h.url, "match": h.match, "score": h.score,
@@ -257,7 +268,6 @@ class AnswerPipeline:
         if page_title and rewrite.method != "verbatim" and subject_of(page_title) in rewrite.query:
             sources = await self._with_current_page(request, agent, sources)
         match = result.confidence or 0.0
-        question = Question.read(rewrite.query, language, latest=request.text)
         threshold = float(agent.settings.get("answer_threshold", ANSWER_THRESHOLD))
         await out.emit(TurnEvent.status("reading"))
 

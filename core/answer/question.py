@@ -142,7 +142,7 @@ class Question:
             wants=wanted_kinds(lowered),
             yes_no=is_yes_no(own),
             compares=bool(_COMPARES.search(own)),
-            names=names_in(own) or names_in(text),
+            names=names_in(own, language) or names_in(text, language),
         )
 
 
@@ -225,7 +225,8 @@ def is_yes_no(text: str) -> bool:
 
 
 _NAME = re.compile(
-    r"(?<![\w-])(?:[A-Z][\w-]*\d[\w-]*|[A-Z]{2,}[\w-]*|[A-ZÀ-Þ][a-zß-ÿ]+(?:[ -][A-Z0-9][\w+]+)*)"
+    r"(?<![\w-])(?:[A-Z][\w-]*\d[\w-]*|[A-Z]{2,}[\w-]*|"
+    r"[A-ZÀ-Þ][a-zß-ÿ]+(?:[ -](?:[A-Z][\w+]+|\d[\w+]*))*)"
 )
 
 
@@ -234,9 +235,18 @@ def _is_function_word(word: str) -> bool:
     return any(folded in _own_stop_words(lang) for lang in _GUESSABLE)
 
 
-def names_in(text: str) -> tuple[str, ...]:
+def name_found(name: str, text: str) -> bool:
+    """Whether ``text`` names ``name``: most of its words there ("Zelt Waddenhuis 2" in a
+    page about the "Waddenhuis 2")."""
+    own = {fold(w) for w in words(name)}
+    there = {fold(w) for w in words(text)}
+    return bool(own) and len(own & there) * 2 >= len(own) + (len(own) == 1)
+
+
+def names_in(text: str, language: str | None = None) -> tuple[str, ...]:
     """Capitalised words and codes that are not the first word of a sentence: the names a
-    question is about ("Fjellsti Mid WP", "NK-2041", "Belgium")."""
+    question is about ("Fjellsti Mid WP", "NK-2041", "Belgium"). In German, where every noun
+    is capitalised, a single word is a name only with a digit in it."""
     found: dict[str, None] = {}
     for match in _NAME.finditer(text):
         start = match.start()
@@ -244,7 +254,7 @@ def names_in(text: str) -> tuple[str, ...]:
         first_of_sentence = not before or before[-1] in ".!?¿¡:"
         name = match.group(0)
         single = " " not in name and not any(c.isdigit() for c in name)
-        if single and (first_of_sentence or _is_function_word(name)):
+        if single and (first_of_sentence or _is_function_word(name) or language == "de"):
             continue
         found[name] = None
     return tuple(found)

@@ -92,10 +92,11 @@ def heuristic_rewrite(
     """Deterministic rewrite: the previous visitor message and the page the visitor is on
     give the topic; the visitor's own words come last."""
     previous = next((text for role, text in reversed(history) if role == "visitor"), "")
-    if any(_product_like(name) for name in names_in(question)):
+    language = guess_language(question)
+    if any(_product_like(name) for name in names_in(question, language)):
         # "and the Lichtvoet Low?" replaces the product the previous question named (single
         # capitalised words stay: in German every noun is one)
-        for name in filter(_product_like, names_in(previous)):
+        for name in filter(_product_like, names_in(previous, language)):
             previous = previous.replace(name, " ")
         previous = " ".join(previous.split())
         page_subject = None

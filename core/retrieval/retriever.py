@@ -49,6 +49,8 @@ class RetrievalQuery:
     exclude_tags: tuple[str, ...] = ()
     mode: Mode = "hybrid"
     fusion: Fusion = "calibrated"
+    # False: every language folder may answer (a product only described in another language)
+    language_folders: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +182,7 @@ class Retriever:
             if query.reply_language
             else detect_language(query.text)
         )
-        folder = await self._folder_language(agent, language)
+        folder = await self._folder_language(agent, language) if query.language_folders else None
         filters = SearchFilters(
             visibility=query.visibility,
             include_tags=query.include_tags,

@@ -248,6 +248,7 @@ def test_markdown_is_split_into_quotable_pieces_with_headings_and_blocks() -> No
             0,
             "Below you can see how long delivery takes to your country and what it costs.",
             "Shipping and delivery",
+            paragraph=1,
         ),
         Sentence(
             0,
