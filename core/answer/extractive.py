@@ -348,8 +348,11 @@ class _Matcher:
         for term in self.terms:
             if term in plain or self.stems[term] in stems:
                 out[term] = 1.0
-            elif len(term) >= 6 and term[:5] in prefixes:
-                out[term] = 0.6
+            elif (len(term) >= 6 and term[:5] in prefixes) or (
+                len(term) >= 4 and any(w.startswith(term) for w in plain)
+            ):
+                out[term] = 0.6  # a cognate, or the first part of a compound ("Raten" in
+                # "Ratenzahlung")
             elif (number := _number(term)) is not None:
                 ranges = _ranges(text) if ranges is None else ranges
                 if any(low <= number <= high for low, high in ranges):

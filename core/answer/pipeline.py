@@ -136,8 +136,9 @@ def _sources(hits: Sequence[Hit], limit: int) -> list[SourceRef]:
 
 
 def _names_found(names: Sequence[str], hits: Sequence[Hit]) -> bool:
-    """Whether the passages name any of ``names`` ("Waddenhuis 2") in their title or text."""
-    return any(name_found(name, f"{h.title} {h.text}") for name in names for h in hits)
+    """Whether a page about any of ``names`` ("Waddenhuis 2") is among the hits: its title
+    names it (a passing mention elsewhere is no page about it)."""
+    return any(name_found(name, h.title) for name in names for h in hits)
 
 
 # Turns staff or the nightly checks ask, not customers: they cost nothing and are no gaps.

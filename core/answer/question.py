@@ -37,7 +37,8 @@ _WANTS: dict[str, re.Pattern[str]] = {
         r"kost|kosten|kosten|prijs|prijzen|duur|goedkoop|hoeveel kost|"
         r"kostet|preis|preise|teuer|günstig|wie viel kostet|wieviel kostet|"
         r"combien|prix|coûte|coût|cher|cuánto cuesta|cuánto vale|precio|cuesta|caro|"
-        r"quanto costa|prezzo|costa|caro)\b"
+        r"quanto costa|prezzo|costa|caro|amount|order value|minimum order|bedrag|bestelwaarde|"
+        r"betrag|bestellwert|mindestbestellwert|montant|importe|importo)\b"
     ),
     "availability": re.compile(
         r"\b(in stock|stock|available|availability|sold out|back in|"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from core.answer.question import guess_language, key_words, names_in
+from core.answer.question import guess_language, key_words, names_in, wanted_kinds
 from core.errors import Unavailable
 from core.ports import Cache, ChatMessage, ChatModel
 
@@ -40,7 +40,8 @@ _ANAPHORA = re.compile(
 # "en wat kost hij?", "und was kostet er?"); articles that double as pronouns are left out.
 _POINTS_AT_PAGE = re.compile(
     r"\b(it|its|this|these|they|them|hij|hem|dit|deze|ze|er|ihn|ihm|dieser|diese|dieses|il|"
-    r"elle|cet|cette|ces|ceci|este|esta|estos|estas|questo|questa|questi)\b",
+    r"elle|cet|cette|ces|ceci|este|esta|estos|estas|questo|questa|questi|darauf|dafür|davon|"
+    r"daran|hierop|hiervan|hiermee|daarop|daarvan)\b",
     re.IGNORECASE,
 )
 
@@ -68,7 +69,7 @@ def is_follow_up(
     understood ("and how much does it cost?" on a product page)."""
     starts = bool(_FOLLOW_UP_START.search(question))
     if not any(role == "visitor" for role, _ in history):
-        points = starts or bool(_POINTS_AT_PAGE.search(question))
+        points = starts or bool(_POINTS_AT_PAGE.search(question)) or _asks_a_product_fact(question)
         return page_subject is not None and points and not _names_it(question, page_subject)
     # A short question with a topic of its own ("Do you repair bicycles?") stands alone; a
     # very short one ("size 44?") or one without a word of substance leans on what came before.
@@ -76,6 +77,17 @@ def is_follow_up(
     substance = len(key_words(question, guess_language(question) or "en"))
     leans = count <= 3 or (count <= SHORT_QUESTION_WORDS and substance == 0)
     return leans or starts or bool(_ANAPHORA.search(question))
+
+
+# What a visitor asks of the product whose page they are on, without naming it.
+_PRODUCT_FACTS = frozenset({"price", "availability", "colour", "size", "code", "weight"})
+
+
+def _asks_a_product_fact(question: str) -> bool:
+    """ "wie schwer ist der?", "welche Farben?": a product fact asked with no product named."""
+    language = guess_language(question)
+    named = any(_product_like(name) for name in names_in(question, language))
+    return not named and bool(wanted_kinds(question) & _PRODUCT_FACTS)
 
 
 def _product_like(name: str) -> bool:
@@ -105,7 +117,7 @@ def heuristic_rewrite(
         previous.rstrip() + ("" if previous.rstrip()[-1:] in ".?!" else ".") if previous else ""
     ]
     if page_subject and not _names_it(f"{previous} {question}", page_subject):
-        parts.insert(0, page_subject)
+        parts.insert(0, f"{page_subject}:")
     return " ".join(p for p in (*parts, question) if p).strip()
 
 

@@ -73,7 +73,7 @@ def test_content_gaps(answer: str, low: bool, reason: str | None) -> None:
 )
 def test_a_first_question_that_points_at_the_page_is_made_about_the_page(question: str) -> None:
     assert is_follow_up(question, [], page_subject="Fjellsti Mid WP")
-    assert heuristic_rewrite(question, [], "Fjellsti Mid WP") == f"Fjellsti Mid WP {question}"
+    assert heuristic_rewrite(question, [], "Fjellsti Mid WP") == f"Fjellsti Mid WP: {question}"
 
 
 @pytest.mark.parametrize(
@@ -88,5 +88,5 @@ def test_a_first_question_that_stands_alone_is_searched_as_asked(question: str) 
 def test_a_follow_up_on_a_page_keeps_both_the_page_and_the_previous_question() -> None:
     history = [("visitor", "which colours does this jacket come in?"), ("assistant", "...")]
     assert heuristic_rewrite("and in red?", history, "Stormvang 3L") == (
-        "Stormvang 3L which colours does this jacket come in? and in red?"
+        "Stormvang 3L: which colours does this jacket come in? and in red?"
     )
