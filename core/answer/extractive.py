@@ -563,6 +563,10 @@ def _choose(
     """The pieces of the answering page(s): the best, the rows of its block the question
     singles out (or all of a short block asked for as a whole), then close runners-up."""
     candidates = [i for i, s in enumerate(scored.sentences) if s.source in pages]
+    wanted = [i for i in candidates if scored.wanted[i] and scored.scores[i] >= floor]
+    if question.wants and wanted:
+        # "How much is it?" is answered by a price when the page has one
+        candidates = wanted
     order = sorted(candidates, key=lambda i: -scored.scores[i])
     if not order or scored.scores[order[0]] < floor:
         return []
@@ -662,6 +666,14 @@ async def extractive_answer(
     matcher = _Matcher(question)
     scored = await _score(question, sentences, [p.title for p in passages], embedder, matcher)
     page_scores = _page_scores(question, passages, scored)
+    # A product the question names answers from its own page when one is among the sources.
+    about = [
+        i for i, p in enumerate(passages)
+        if page_scores[i] >= 0 and any(name_found(n, subject_of(p.title)) for n in question.names)
+    ]  # fmt: skip
+    if about and not question.compares:
+        others = [i for i in range(len(passages)) if i not in about]
+        page_scores[others] = -1.0
     ranked_pages = [int(i) for i in np.argsort(-page_scores, kind="stable")]
     pages = {ranked_pages[0]}
     if question.compares and len(ranked_pages) > 1:

@@ -327,6 +327,7 @@ def _cache_key(query: RetrievalQuery) -> str:
         query.exclude_tags,
         query.mode,
         query.fusion,
+        query.language_folders,
         query.agent.confidence_threshold,
     ]
     digest = hashlib.sha256(json.dumps(params, default=list).encode()).hexdigest()[:32]
