@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from core.answer.phrases import LANGUAGES, deferral, language_name, phrase
+from core.answer.phrases import deferral, language_name, phrase
 from core.answer.question import Question, fold, name_found, stem, wanted_kinds, words
 from core.ports import Embedder
 
@@ -613,39 +613,44 @@ def _contains(a: str, b: str) -> bool:
     return x in y or y in x
 
 
-_NOT_LISTED = re.compile(
-    "|".join(
-        ".+".join(map(re.escape, phrase("not_listed", lang, thing="\x00").split("\x00")))
-        for lang in LANGUAGES
-    )
-)
-
-
-def _yes_no(
-    question: Question, picked: Sequence[Sentence], matcher: _Matcher, all_text: str
-) -> str | None:
-    """The opening a yes/no question gets, when the quote settles it."""
-    quote = " ".join(f"{s.heading} {s.text}" for s in picked)
+def _missing(question: Question, matcher: _Matcher, all_text: str) -> str | None:
+    """The one thing a yes/no question asks about that no source mentions ("Bitcoin"), or
+    None when everything is mentioned or several things are missing (nothing is settled)."""
     found_anywhere = matcher.found(all_text)
     absent = [t for t in matcher.terms if t not in found_anywhere]
-    listed = any(s.block >= 0 for s in picked) or any(
-        s.text.count(",") >= 2 for s in picked
-    )  # a list of alternatives
-    if absent and listed:
-        named = [n for n in question.names if fold(n.split()[0]) in absent]
-        thing = named[0] if named else absent[-1]
-        return phrase("not_listed", question.language, thing=thing)
-    if absent:
+    if not absent:
         return None
-    # Only a quote about what was asked settles it: most of the question's own words (names
-    # aside) in it, or the kind of fact asked for.
+    for name in question.names:
+        own = {fold(w) for w in words(name)}
+        if set(absent) <= own:
+            return name
+    return absent[0] if len(absent) == 1 else None
+
+
+def _yes_no(question: Question, picked: Sequence[Sentence], matcher: _Matcher) -> str | None:
+    """ "Yes." or "No." when the quote settles the question: it holds most of the question's
+    own words (names aside), or the kind of fact asked for."""
+    quote = " ".join(f"{s.heading} {s.text}" for s in picked)
     name_words = {fold(w) for n in question.names for w in words(n)}
     asked = [t for t in matcher.terms if t not in name_words]
     held = matcher.found(quote)
     covered = sum(held.get(t, 0.0) for t in asked)
-    if asked and covered < 0.5 * len(asked) and not _wanted(question, quote):
+    if asked and covered <= 0.5 * len(asked) and not _wanted(question, quote):
         return None
     return phrase("no" if _NEGATION.search(quote) else "yes", question.language)
+
+
+def _best_list(scored: _Scored, page: int, floor: float) -> list[int]:
+    """The members of the page's list or table that best matches the question."""
+    blocks: dict[int, list[int]] = {}
+    for i, sentence in enumerate(scored.sentences):
+        if sentence.source == page and sentence.block >= 0:
+            blocks.setdefault(sentence.block, []).append(i)
+    ranked = sorted(blocks.values(), key=lambda m: -max(scored.scores[i] for i in m))
+    for members in ranked:
+        if 3 <= len(members) <= MAX_ROWS and max(scored.scores[i] for i in members) >= floor:
+            return members
+    return []
 
 
 async def extractive_answer(
@@ -703,12 +708,15 @@ async def extractive_answer(
     )
     if not chosen:
         return ExtractiveAnswer(deferral(language, contact_route), (), False, evidence)
-    opening = _yes_no(question, picked, matcher, all_text) if question.yes_no else None
-    if opening is not None and _NOT_LISTED.search(opening) and picked[0].block >= 0:
-        # "No, X is not among them": then the whole list is the answer
-        members = [s for s in sentences if s.block == picked[0].block]
-        if len(members) <= MAX_ROWS:
-            picked = members
+    opening = None
+    if question.yes_no:
+        missing = _missing(question, matcher, all_text)
+        if missing is None:
+            opening = _yes_no(question, picked, matcher)
+        elif members := _best_list(scored, page, min_similarity - 0.1):
+            # "Can I pay with Bitcoin?" and a list of the ways to pay without it: no
+            opening = phrase("not_listed", language, thing=missing)
+            picked = [sentences[i] for i in members]
     parts = _compose(picked, subject_of(passages[page].title))
     if opening is not None:
         parts.insert(0, opening)
