@@ -17,13 +17,19 @@ from core.answer.extractive import Evidence
 # Fitted weights; see the module docstring.
 WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
-        "bias": -1.562,
-        "score": 1.534,
-        "similarity": -0.050,
-        "coverage": 0.614,
-        "names_missing": -0.756,
-        "wanted_missing": -0.784,
-        "match": 0.712,
+        "bias": -1.813,
+        "score": 1.140,
+        "similarity": 0.118,
+        "coverage": 0.166,
+        "names_missing": -0.046,
+        "wanted_missing": -1.013,
+        "match": 0.218,
+        "quote_coverage": 1.698,
+        "page_margin": 0.961,
+        "faq": -0.407,
+        "yes_no": 0.033,
+        "other_language": 0.390,
+        "unknown": -0.324,
     }
 )
 
@@ -38,9 +44,15 @@ class Signals:
     names_missing: float
     wanted_missing: float
     match: float
+    quote_coverage: float
+    page_margin: float
+    faq: float
+    yes_no: float
+    other_language: float
+    unknown: float
 
     @classmethod
-    def of(cls, evidence: Evidence, match: float, wants_fact: bool) -> Signals:
+    def of(cls, evidence: Evidence, match: float, wants_fact: bool, yes_no: bool) -> Signals:
         return cls(
             score=evidence.score,
             similarity=evidence.similarity,
@@ -48,6 +60,12 @@ class Signals:
             names_missing=evidence.names_missing,
             wanted_missing=float(wants_fact and not evidence.wanted_found),
             match=match,
+            quote_coverage=evidence.quote_coverage,
+            page_margin=evidence.page_margin,
+            faq=float(evidence.faq),
+            yes_no=float(yes_no),
+            other_language=float(evidence.other_language),
+            unknown=evidence.unknown,
         )
 
     def as_dict(self) -> dict[str, float]:

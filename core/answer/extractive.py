@@ -47,7 +47,7 @@ KEY_WORD_WEIGHT = 0.3
 WANTED_FACT_WEIGHT = 0.35
 FILLER_PENALTY = 0.25
 NAMED_PAGE_BONUS = 0.1
-CURRENT_PAGE_BONUS = 0.05
+CURRENT_PAGE_BONUS = 0.1
 RANK_BONUS = 0.03  # per place in the retrieval order, best first
 # A question in a source (an FAQ entry) this close to the visitor's passes its match on to
 # the answer that follows it.
@@ -94,6 +94,10 @@ class Evidence:
     names_missing: float = 0.0  # share of the question's names found nowhere in the sources
     wanted_found: bool = False  # the kind of fact asked for is in the quote
     other_language: bool = False
+    quote_coverage: float = 0.0  # share of the visitor's own key words in the quote itself
+    page_margin: float = 0.0  # how far the answering page leads the next one
+    faq: bool = False  # the quote answers an FAQ entry like the question
+    unknown: float = 0.0  # share of the visitor's own key words found in no source at all
 
 
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(?P<text>.+)$")
@@ -128,7 +132,7 @@ _FACTS: dict[str, re.Pattern[str]] = {
     "hours": re.compile(r"\b\d{1,2}[:.]\d{2}\b|\b\d{1,2}\s?(am|pm|uur|Uhr|h)\b", re.I),
     "size": re.compile(r"\b(EU|UK|US)\s?\d|\d\s?(cm|mm|l|liter|litre)\b|\b(XS|S|M|L|XL|XXL)\b"),
     "weight": re.compile(r"\d\s?(g|kg|gram|grams|gramm)\b", re.I),
-    "code": re.compile(r"\b[A-Z]{2,}-?\d{2,}\b"),
+    "code": re.compile(r"\b[A-Z]{2,}-?\d{2,}|\b\d{6,}\b"),
     "contact": re.compile(r"@\w|\+?\d[\d\s()-]{7,}\d|\b\d{4}\s?[A-Z]{2}\b"),
     "colour": re.compile(r"\b(colou?rs?|kleuren?|farben?|couleurs?|colores|colori)\b", re.I),
 }
@@ -340,8 +344,8 @@ class _Matcher:
         return set(folded), {stem(w, self.language) for w in folded}, {w[:5] for w in folded}
 
     def found(self, text: str) -> dict[str, float]:
-        """Key word -> 1.0 for the same stem or a number inside a range ("44" in "43–46"),
-        0.6 for a shared five-letter beginning."""
+        """Key word -> 1.0 for the same stem, 0.7 for a number inside a range ("44" in
+        "43–46"), 0.6 for a shared beginning."""
         plain, stems, prefixes = self._forms(text)
         ranges: list[tuple[float, float]] | None = None
         out = {}
@@ -356,7 +360,7 @@ class _Matcher:
             elif (number := _number(term)) is not None:
                 ranges = _ranges(text) if ranges is None else ranges
                 if any(low <= number <= high for low, high in ranges):
-                    out[term] = 1.0
+                    out[term] = 0.7  # inside a range counts less than the number itself
         return out
 
     def weight(self, term: str) -> float:
@@ -699,6 +703,10 @@ async def extractive_answer(
         names_missing=(1 - len(names_found) / len(question.names) if question.names else 0.0),
         wanted_found=bool(picked) and any(_wanted(question, s.text) for s in picked),
         other_language=_other_language(passages[page], language),
+        quote_coverage=_share(matcher, question.focus, picked),
+        page_margin=_margin(page_scores),
+        faq=bool(chosen) and _answers_a_question(scored, best),
+        unknown=1.0 - _share_in(matcher, question.focus, all_text),
     )
     log.debug(
         "extractive.scored sentences=%d best=%.3f chosen=%d",
@@ -726,6 +734,22 @@ async def extractive_answer(
         parts.insert(0, phrase("only_in", language, other=other))
     citations = tuple(dict.fromkeys(s.source + 1 for s in picked))
     return ExtractiveAnswer(" ".join(parts), citations, True, evidence)
+
+
+def _share(matcher: _Matcher, terms: Sequence[str], picked: Sequence[Sentence]) -> float:
+    return _share_in(matcher, terms, " ".join(f"{s.heading} {s.text}" for s in picked))
+
+
+def _share_in(matcher: _Matcher, terms: Sequence[str], text: str) -> float:
+    if not terms:
+        return 1.0
+    found = matcher.found(text)
+    return sum(found.get(t, 0.0) for t in terms) / len(terms)
+
+
+def _margin(page_scores: NDArray[np.float32]) -> float:
+    ranked = sorted((float(v) for v in page_scores if v >= 0), reverse=True)
+    return ranked[0] - ranked[1] if len(ranked) > 1 else (ranked[0] if ranked else 0.0)
 
 
 def _other_language(passage: Passage, language: str) -> bool:

@@ -274,7 +274,7 @@ class AnswerPipeline:
 
         step = time.perf_counter()
         quote = await self._quote(request, agent, question, sources)
-        signals = Signals.of(quote.evidence, match, bool(question.wants))
+        signals = Signals.of(quote.evidence, match, bool(question.wants), question.yes_no)
         estimate = confidence(signals) if quote.answered else 0.0
         low_confidence = estimate < threshold
         trace.lap("quote", step)

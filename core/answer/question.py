@@ -59,7 +59,8 @@ _WANTS: dict[str, re.Pattern[str]] = {
     ),
     "code": re.compile(
         r"\b(product code|item code|sku|article number|model number|productcode|artikelnummer|"
-        r"artikelnr|produktcode|référence|code produit|código|codice)\b"
+        r"artikelnr|produktcode|référence|code produit|código|codice|number|nummer|numéro|"
+        r"número|numero)\b"
     ),
     "weight": re.compile(
         r"\b(weigh|weighs|weight|heavy|light|gewicht|weegt|zwaar|licht|wiegt|schwer|leicht|"
@@ -79,6 +80,8 @@ _WANTS: dict[str, re.Pattern[str]] = {
     ),
     "contact": re.compile(
         r"\b(phone|call|telephone|e-?mail|address|reach you|contact|"
+        r"where is|where are|waar is|waar zit|wo ist|wo seid|où est|où se trouve|dónde está|"
+        r"dove si trova|dov'è|"
         r"telefoon|telefoonnummer|bellen|adres|bereiken|telefon|anrufen|adresse|erreichen|"
         r"téléphone|joindre|teléfono|dirección|correo|telefono|indirizzo)\b"
     ),
