@@ -49,6 +49,8 @@ FILLER_PENALTY = 0.25
 NAMED_PAGE_BONUS = 0.1
 CURRENT_PAGE_BONUS = 0.1
 RANK_BONUS = 0.03  # per place in the retrieval order, best first
+# Pages in the visitor's language first; else the site's own (default) language.
+LANGUAGE_BONUS = 0.06
 # A question in a source (an FAQ entry) this close to the visitor's passes its match on to
 # the answer that follows it.
 FAQ_QUESTION_SIMILARITY = 0.55
@@ -115,7 +117,11 @@ _MIN_WORDS = 3
 
 # Kinds of fact, as they look in a sentence.
 _FACTS: dict[str, re.Pattern[str]] = {
-    "price": re.compile(r"(€|\$|£|\bEUR\b|\bUSD\b|\bCHF\b)\s?\d|\d\s?(€|EUR|euro)", re.I),
+    "price": re.compile(
+        r"(€|\$|£|\bEUR\b|\bUSD\b|\bCHF\b)\s?\d|\d\s?(€|EUR|euro)|\b(free|free of charge|"
+        r"gratis|kosteloos|kostenlos|gratuit|gratuito)\b",
+        re.I,
+    ),
     "availability": re.compile(
         r"\b(in stock|out of stock|sold out|available|op voorraad|uitverkocht|leverbaar|"
         r"auf lager|ausverkauft|lieferbar|verfügbar|en stock|épuisé|disponible|agotado|"
@@ -508,13 +514,26 @@ async def _score(
 
 
 def _page_scores(
-    question: Question, passages: Sequence[Passage], scored: _Scored
+    question: Question,
+    passages: Sequence[Passage],
+    scored: _Scored,
+    fallback_languages: Sequence[str] = (),
 ) -> NDArray[np.float32]:
-    """Each page's claim to answer: its best piece, plus the product named in the question
-    and the page the visitor is on."""
+    """Each page's claim to answer: its best piece (of the kind of fact asked for, when the
+    question wants one: a page without it pays WANTED_FACT_WEIGHT), plus the product named in
+    the question, the page the visitor is on, and the visitor's (or the site's) language."""
     best = np.full(len(passages), -1.0, dtype=np.float32)
-    for sentence, score in zip(scored.sentences, scored.scores, strict=True):
-        best[sentence.source] = max(best[sentence.source], score)
+    has_wanted = np.zeros(len(passages), dtype=bool)
+    for sentence, score, wanted in zip(scored.sentences, scored.scores, scored.wanted, strict=True):
+        if question.wants and not wanted and has_wanted[sentence.source]:
+            continue
+        if question.wants and wanted and not has_wanted[sentence.source]:
+            has_wanted[sentence.source] = True
+            best[sentence.source] = score
+        else:
+            best[sentence.source] = max(best[sentence.source], score)
+    if question.wants:
+        best[(~has_wanted) & (best >= 0)] -= WANTED_FACT_WEIGHT
     for index, passage in enumerate(passages):
         if best[index] < 0:
             continue
@@ -524,7 +543,13 @@ def _page_scores(
         if passage.current:
             best[index] += CURRENT_PAGE_BONUS
         best[index] += RANK_BONUS * max(0, 3 - index)
-    return best
+        if passage.language:
+            language = passage.language.split("-")[0]
+            if language == question.language.split("-")[0]:
+                best[index] += LANGUAGE_BONUS
+            elif language in fallback_languages:
+                best[index] += LANGUAGE_BONUS / 2
+    return np.maximum(best, -1.0)
 
 
 def _answers_a_question(scored: _Scored, index: int) -> bool:
@@ -579,7 +604,9 @@ def _choose(
     block = scored.sentences[best].block
     if block >= 0:
         members = [i for i in candidates if scored.sentences[i].block == block]
-        singled = [i for i in members if scored.focus[i] > 0]
+        # the rows holding most of the visitor's own words ("40" inside "39–42" of one row)
+        top = max(scored.focus[i] for i in members)
+        singled = [i for i in members if top > 0 and scored.focus[i] >= top - 1e-6]
         if singled and len(singled) < len(members):
             chosen = sorted(singled, key=lambda i: -scored.scores[i])[:3]
         elif len(members) <= MAX_ROWS and _asks_for_block(scored, best, members, matcher):
@@ -665,6 +692,7 @@ async def extractive_answer(
     contact_route: str,
     max_sentences: int = 3,
     min_similarity: float = 0.3,
+    fallback_languages: Sequence[str] = (),
 ) -> ExtractiveAnswer:
     """Pieces of the best page (source i cited as [i+1]) that answer ``question``; when none
     is close enough, the deferral in the question's language with the contact route."""
@@ -674,7 +702,7 @@ async def extractive_answer(
         return ExtractiveAnswer(deferral(language, contact_route), (), answered=False)
     matcher = _Matcher(question)
     scored = await _score(question, sentences, [p.title for p in passages], embedder, matcher)
-    page_scores = _page_scores(question, passages, scored)
+    page_scores = _page_scores(question, passages, scored, fallback_languages)
     # A product the question names answers from its own page when one is among the sources.
     about = [
         i for i, p in enumerate(passages)

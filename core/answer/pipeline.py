@@ -554,6 +554,7 @@ class AnswerPipeline:
             self._embedder,
             contact_route=agent.contact_route,
             min_similarity=EXTRACTIVE_MIN_SIMILARITY,
+            fallback_languages=(language_of(agent.default_language),),
         )
 
     async def _paced(self, text: str, out: _Output) -> None:
