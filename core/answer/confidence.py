@@ -17,19 +17,19 @@ from core.answer.extractive import Evidence
 # Fitted weights; see the module docstring.
 WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
-        "bias": -1.813,
-        "score": 1.140,
-        "similarity": 0.118,
-        "coverage": 0.166,
-        "names_missing": -0.046,
-        "wanted_missing": -1.013,
-        "match": 0.218,
-        "quote_coverage": 1.698,
-        "page_margin": 0.961,
-        "faq": -0.407,
-        "yes_no": 0.033,
-        "other_language": 0.390,
-        "unknown": -0.324,
+        "bias": -2.151,
+        "score": 1.014,
+        "similarity": 0.471,
+        "coverage": 0.018,
+        "names_missing": 0.003,
+        "wanted_missing": 0.007,
+        "match": 0.219,
+        "quote_coverage": 1.422,
+        "page_margin": 1.342,
+        "faq": -0.236,
+        "yes_no": 0.024,
+        "other_language": 0.426,
+        "unknown": -0.350,
     }
 )
 

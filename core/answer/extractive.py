@@ -43,7 +43,7 @@ NEAR_DUPLICATE = 0.9
 # Runners-up this far below the best piece add noise, not answers.
 RELATIVE_MARGIN = 0.08
 MAX_ROWS = 8  # a table or list longer than this is quoted by its matching rows only
-KEY_WORD_WEIGHT = 0.3
+KEY_WORD_WEIGHT = 0.6
 WANTED_FACT_WEIGHT = 0.35
 FILLER_PENALTY = 0.25
 NAMED_PAGE_BONUS = 0.1
@@ -136,6 +136,22 @@ _FACTS: dict[str, re.Pattern[str]] = {
         re.I,
     ),
     "hours": re.compile(r"\b\d{1,2}[:.]\d{2}\b|\b\d{1,2}\s?(am|pm|uur|Uhr|h)\b", re.I),
+    "date": re.compile(
+        r"\b(1[0-9]\d\d|20\d\d)\b|\b\d{1,2}[:.]\d{2}\b|\b(january|february|march|april|may|"
+        r"june|july|august|september|october|november|december|monday|tuesday|wednesday|"
+        r"thursday|friday|saturday|sunday|januari|februari|maart|mei|juni|juli|augustus|"
+        r"oktober|maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag|januar|februar|"
+        r"märz|juni|juli|oktober|dezember|montag|dienstag|mittwoch|donnerstag|freitag|samstag|"
+        r"sonntag|janvier|février|mars|avril|mai|juin|juillet|août|septembre|octobre|"
+        r"novembre|décembre|lundi|mardi|mercredi|jeudi|vendredi|samedi|dimanche|enero|"
+        r"febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|"
+        r"lunes|martes|miércoles|jueves|viernes|sábado|domingo|gennaio|febbraio|aprile|"
+        r"maggio|giugno|luglio|settembre|ottobre|dicembre|lunedì|martedì|mercoledì|giovedì|"
+        r"venerdì|sabato|domenica)\b",
+        re.I,
+    ),
+    "number": re.compile(r"\d"),
+    "person": re.compile(r"(?<!^)(?<![.!?]\s)\b[A-ZÀ-Þ][a-zß-ÿ]+\s+[A-ZÀ-Þ][a-zß-ÿ]+"),
     "size": re.compile(r"\b(EU|UK|US)\s?\d|\d\s?(cm|mm|l|liter|litre)\b|\b(XS|S|M|L|XL|XXL)\b"),
     "weight": re.compile(r"\d\s?(g|kg|gram|grams|gramm)\b", re.I),
     "code": re.compile(r"\b[A-Z]{2,}-?\d{2,}|\b\d{6,}\b"),

@@ -68,11 +68,23 @@ _WANTS: dict[str, re.Pattern[str]] = {
     ),
     "duration": re.compile(
         r"\b(how long|how many days|how quickly|how fast|when will|delivery time|"
-        r"hoe lang|hoeveel dagen|hoe snel|wanneer|levertijd|"
-        r"wie lange|wie viele tage|wie schnell|wann|lieferzeit|"
-        r"combien de temps|combien de jours|quand|délai|cuánto tiempo|cuántos días|cuándo|"
-        r"quanto tempo|quanti giorni|quando)\b"
+        r"hoe lang|hoeveel dagen|hoe snel|levertijd|"
+        r"wie lange|wie viele tage|wie schnell|lieferzeit|"
+        r"combien de temps|combien de jours|délai|cuánto tiempo|cuántos días|"
+        r"quanto tempo|quanti giorni)\b"
     ),
+    # A moment: a date, a year, a day, a time ("When was the shop founded?").
+    "date": re.compile(
+        r"\b(when|what year|which year|since when|wanneer|welk jaar|sinds wanneer|wann|"
+        r"welchem jahr|seit wann|quand|quelle année|depuis quand|cuándo|qué año|desde cuándo|"
+        r"quando|che anno|da quando)\b"
+    ),
+    # A count or a quantity ("How many people work there?").
+    "number": re.compile(
+        r"\b(how many|wie viele|wieviele|combien de|cuántos|cuántas|quanti|quante)\b"
+    ),
+    # A person ("Who founded the shop?").
+    "person": re.compile(r"\b(who|whom|whose|wer|wem|wen|qui|quién|quiénes|chi)\b"),
     "hours": re.compile(
         r"\b(opening hours|open|opens|close|closes|closing|hours|"
         r"openingstijden|openingsuren|geopend|sluit|öffnungszeiten|geöffnet|offen|schließt|"
