@@ -275,3 +275,46 @@ def test_markdown_is_split_into_quotable_pieces_with_headings_and_blocks() -> No
         Sentence(0, "Returned items must be unused and in their original packaging.", "Returns", 1),
         Sentence(1, "Call us on +31 20 123 4567 any day", "", 2),
     ]
+
+
+FAQ = """# FAQ
+
+## Do you have a price promise?
+Yes. If you find the same product cheaper elsewhere within 14 days, we refund the difference.
+Send us a link to the offer.
+
+## Can I rent gear?
+Yes, we rent out tents in our store.
+"""
+SOCK_SIZES = """# Size guide
+
+## Socks
+
+| Sock size | Fits shoe sizes (EU) |
+|---|---|
+| S | 36–38 |
+| M | 39–42 |
+| L | 43–46 |
+"""
+
+
+async def test_an_faq_entry_is_answered_with_its_whole_answer(
+    embedder: CountingEmbedder,
+) -> None:
+    result = await ask(embedder, "Do you have a price promise?", [FAQ])
+    assert result.text.startswith("Yes. If you find the same product cheaper")
+    assert "within 14 days" in result.text
+    assert "rent" not in result.text
+    assert result.evidence.faq
+
+
+async def test_a_number_picks_the_row_whose_range_holds_it(embedder: CountingEmbedder) -> None:
+    result = await ask(embedder, "Which sock size for shoe size 40?", [SOCK_SIZES])
+    assert result.text == "Sock size: M; Fits shoe sizes (EU): 39–42 [1]."
+
+
+async def test_the_product_named_answers_from_its_own_page(embedder: CountingEmbedder) -> None:
+    jacket = Passage("Regenjas Pro | Acme", RAIN_JACKET, "en")
+    shoe = Passage("Trailrunner 2 | Acme", TRAIL_SHOE, "en")
+    result = await ask(embedder, "What does the Trailrunner 2 cost?", [jacket, shoe])
+    assert result.text == "Trailrunner 2 – Price: €129.95 [2]."

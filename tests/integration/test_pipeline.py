@@ -27,7 +27,7 @@ from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.curated import CuratedAnswers
 from core.store.knowledge import KnowledgeStore
-from core.turns import CollectingTurnOutput, TurnEvent, TurnRequest
+from core.turns import CollectingTurnOutput, PageContext, TurnEvent, TurnRequest
 from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.fakes.openai import FakeOpenAI
@@ -346,3 +346,24 @@ async def test_citations_are_renumbered_in_the_order_the_answer_uses_them(rig: R
         "SELECT text FROM messages WHERE role = 'assistant' ORDER BY id DESC LIMIT 1"
     )
     assert stored == done["answer"]
+
+
+async def test_a_price_follow_up_on_a_product_page_prompts_with_the_products_facts(
+    rig: Rig,
+) -> None:
+    """A Dutch visitor on an English product page asks "en wat kost hij?": the search is
+    about the page's product, its facts are in the prompt, and the model is asked for Dutch."""
+    rig.fake.replies[REWRITE_MODEL] = ["prijs Fjord GTX boot"]
+    rig.fake.replies[MODEL] = ["Hij kost 189,95 euro [1]."]
+    page = PageContext(url="https://shop.example/en/products/fjord", title="Fjord GTX boot | Shop")
+    output = await rig.ask("en wat kost hij?", page=page)
+    assert output.done is not None
+    rewrite, answer = rig.fake.chat_requests
+    assert "Fjord GTX boot" in rewrite["messages"][-1]["content"]  # the page's subject
+    system = answer["messages"][0]["content"]
+    sources = system[system.index('<source id="1"') :]
+    assert "Price: 189.95 euro" in sources.split("</source>")[0]
+    assert "Answer in Dutch" in system
+    assert answer["messages"][-1]["content"] == "en wat kost hij?"
+    assert output.done["answer"] == "Hij kost 189,95 euro [1]."
+    assert [s["url"] for s in output.sources] == ["/en/products/fjord"]
