@@ -135,9 +135,12 @@ _FACTS: dict[str, re.Pattern[str]] = {
         r"volgende werkdag|nächsten werktag|same day|dezelfde dag|am selben tag",
         re.I,
     ),
-    "hours": re.compile(r"\b\d{1,2}[:.]\d{2}\b|\b\d{1,2}\s?(am|pm|uur|Uhr|h)\b", re.I),
+    # times: "15:00", "15.00 uur", "3 pm" (a bare "4.95" is a price, not a time)
+    "hours": re.compile(
+        r"\b\d{1,2}:\d{2}\b|\b\d{1,2}\.\d{2}\s?(uur|Uhr|h)\b|\b\d{1,2}\s?(am|pm|uur|Uhr)\b", re.I
+    ),
     "date": re.compile(
-        r"\b(1[0-9]\d\d|20\d\d)\b|\b\d{1,2}[:.]\d{2}\b|\b(january|february|march|april|may|"
+        r"\b(1[0-9]\d\d|20\d\d)\b|\b\d{1,2}:\d{2}\b|\b(january|february|march|april|may|"
         r"june|july|august|september|october|november|december|monday|tuesday|wednesday|"
         r"thursday|friday|saturday|sunday|januari|februari|maart|mei|juni|juli|augustus|"
         r"oktober|maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag|januar|februar|"
