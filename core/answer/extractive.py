@@ -27,7 +27,7 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -129,6 +129,7 @@ _FACTS: dict[str, re.Pattern[str]] = {
         re.I,
     ),
     "duration": re.compile(
+        r"\b(every|elke|iedere|alle|jede[nrs]?|chaque|tous les|cada|ogni)\b|"
         r"\d\s*(?:[-–]\s*\d+\s*)?(?:working |business )?(days?|weeks?|hours?|werkdag(en)?|"
         r"dag(en)?|we(e)?k(en)?|uur|werktage?n?|tage?n?|wochen?|stunden?|jours?|semaines?|"
         r"heures?|días?|semanas?|horas?|giorni|settimane|ore)\b|next working day|"
@@ -154,6 +155,9 @@ _FACTS: dict[str, re.Pattern[str]] = {
         re.I,
     ),
     "number": re.compile(r"\d"),
+    "temperature": re.compile(
+        r"[-−–]?\d+\s?°\s?[CF]?|\d+\s?(degrees|graden|Grad|degrés|grados)", re.I
+    ),
     "person": re.compile(r"(?<!^)(?<![.!?]\s)\b[A-ZÀ-Þ][a-zß-ÿ]+\s+[A-ZÀ-Þ][a-zß-ÿ]+"),
     "size": re.compile(r"\b(EU|UK|US)\s?\d|\d\s?(cm|mm|l|liter|litre)\b|\b(XS|S|M|L|XL|XXL)\b"),
     "weight": re.compile(r"\d\s?(g|kg|gram|grams|gramm)\b", re.I),
@@ -276,12 +280,40 @@ def split_sentences(sources: Sequence[str]) -> list[Sentence]:
         reader = _Reader(index, blocks)
         for sentence in reader.read(text):
             key = " ".join(sentence.text.casefold().split())
-            if not (sentence.block >= 0 or _quotable(sentence.text)) or key in seen:
+            short = sentence.paragraph >= 0 and len(sentence.text.split()) <= 5
+            if not (sentence.block >= 0 or short or _quotable(sentence.text)) or key in seen:
                 continue
             seen.add(key)
             sentences.append(sentence)
         blocks = reader.next_block
-    return sentences
+    return [s for s in _lines_joined(sentences) if s.block >= 0 or _quotable(s.text)]
+
+
+def _lines_joined(sentences: list[Sentence]) -> list[Sentence]:
+    """Runs of short one-line paragraphs under one heading (an address: "Westblaak 142",
+    "3012 KM Rotterdam") become one piece, so a quote holds all of them."""
+    out: list[Sentence] = []
+    for sentence in sentences:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and _short_line(sentence)
+            and _short_line(last, joined=True)
+            and last.source == sentence.source
+            and last.heading == sentence.heading
+            and sentence.paragraph == last.paragraph + 1
+        ):
+            out[-1] = replace(
+                last, text=f"{last.text}, {sentence.text}", paragraph=sentence.paragraph
+            )
+        else:
+            out.append(sentence)
+    return out
+
+
+def _short_line(sentence: Sentence, *, joined: bool = False) -> bool:
+    limit = 24 if joined else 5
+    return sentence.block < 0 and sentence.paragraph >= 0 and len(sentence.text.split()) <= limit
 
 
 def subject_of(title: str) -> str:
@@ -727,6 +759,9 @@ async def extractive_answer(
         i for i, p in enumerate(passages)
         if page_scores[i] >= 0 and any(name_found(n, subject_of(p.title)) for n in question.names)
     ]  # fmt: skip
+    holding = {scored.sentences[i].source for i in range(len(scored.sentences)) if scored.wanted[i]}
+    if question.wants and not holding.intersection(about):
+        about = []  # "the warranty on this one": the product's page does not say; another may
     if about and not question.compares:
         others = [i for i in range(len(passages)) if i not in about]
         page_scores[others] = -1.0

@@ -71,7 +71,12 @@ _WANTS: dict[str, re.Pattern[str]] = {
         r"hoe lang|hoeveel dagen|hoe snel|levertijd|"
         r"wie lange|wie viele tage|wie schnell|lieferzeit|"
         r"combien de temps|combien de jours|délai|cuánto tiempo|cuántos días|"
-        r"quanto tempo|quanti giorni)\b"
+        r"quanto tempo|quanti giorni|how often|hoe vaak|wie oft|combien de fois|"
+        r"con qué frecuencia|ogni quanto|when|wanneer|wann|quand|cuándo|quando)\b"
+    ),
+    "temperature": re.compile(
+        r"\b(temperature|temperatuur|temperatur|température|temperatura|degrees|graden|grad|"
+        r"degrés|grados|gradi|how warm|how cold|hoe warm|wie warm)\b"
     ),
     # A moment: a date, a year, a day, a time ("When was the shop founded?").
     "date": re.compile(
@@ -86,7 +91,8 @@ _WANTS: dict[str, re.Pattern[str]] = {
     # A person ("Who founded the shop?").
     "person": re.compile(r"\b(who|whom|whose|wer|wem|wen|qui|quién|quiénes|chi)\b"),
     "hours": re.compile(
-        r"\b(opening hours|open|opens|close|closes|closing|hours|"
+        r"\b(opening hours|open|opens|close|closes|closing|hours|what time|hoe laat|wie spät|"
+        r"um wie viel uhr|à quelle heure|a qué hora|a che ora|"
         r"openingstijden|openingsuren|geopend|sluit|öffnungszeiten|geöffnet|offen|schließt|"
         r"horaires?|ouvert|ferme|horario|abierto|abre|orari|orario|aperto)\b"
     ),
