@@ -17,19 +17,19 @@ from core.answer.extractive import Evidence
 # Fitted weights; see the module docstring.
 WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
-        "bias": -2.151,
-        "score": 1.014,
-        "similarity": 0.471,
-        "coverage": 0.018,
-        "names_missing": 0.003,
-        "wanted_missing": 0.007,
-        "match": 0.219,
-        "quote_coverage": 1.422,
-        "page_margin": 1.342,
-        "faq": -0.236,
-        "yes_no": 0.024,
-        "other_language": 0.426,
-        "unknown": -0.350,
+        "bias": -2.016,
+        "score": 0.837,
+        "similarity": 0.455,
+        "coverage": 0.134,
+        "names_missing": 0.030,
+        "wanted_missing": 0.027,
+        "match": 0.242,
+        "quote_coverage": 1.617,
+        "page_margin": 1.405,
+        "faq": -0.229,
+        "yes_no": -0.195,
+        "other_language": 0.077,
+        "unknown": -0.522,
     }
 )
 

@@ -778,17 +778,20 @@ async def extractive_answer(
     best = chosen[0] if chosen else int(np.argmax(scored.scores))
     best = max(chosen, key=lambda i: scored.scores[i]) if chosen else best
     picked = [sentences[i] for i in chosen]
+    # Across languages only names and numbers can be found word for word.
+    across = _other_language(passages[page], language)
+    shared = [t for t in question.focus if not across or t in matcher.name_words or t.isdigit()]
     evidence = Evidence(
         similarity=float(scored.similarity[best]),
         score=float(scored.scores[best]),
         coverage=min(1.0, coverage),
         names_missing=(1 - len(names_found) / len(question.names) if question.names else 0.0),
         wanted_found=bool(picked) and any(_wanted(question, s.text) for s in picked),
-        other_language=_other_language(passages[page], language),
-        quote_coverage=_share(matcher, question.focus, picked),
+        other_language=across,
+        quote_coverage=_share(matcher, shared, picked) if shared else 0.5,
         page_margin=_margin(page_scores),
         faq=bool(chosen) and _answers_a_question(scored, best),
-        unknown=1.0 - _share_in(matcher, question.focus, all_text),
+        unknown=1.0 - _share_in(matcher, shared, all_text) if shared else 0.0,
     )
     log.debug(
         "extractive.scored sentences=%d best=%.3f chosen=%d",

@@ -135,6 +135,16 @@ def _sources(hits: Sequence[Hit], limit: int) -> list[SourceRef]:
     return sources
 
 
+def _cited_first(text: str, sources: list[SourceRef]) -> tuple[str, list[SourceRef]]:
+    """The text with its citations numbered in order of first use, and the sources in that
+    order (those it does not cite after them)."""
+    processed = postprocess(text, len(sources), [s.text for s in sources])
+    order = [*processed.source_numbers]
+    order += [s.id for s in sources if s.id not in order]
+    by_number = {s.id: s for s in sources}
+    return processed.text, [replace(by_number[n], id=i) for i, n in enumerate(order, start=1)]
+
+
 def _names_found(names: Sequence[str], hits: Sequence[Hit]) -> bool:
     """Whether a page about any of ``names`` ("Waddenhuis 2") is among the hits: its title
     names it (a passing mention elsewhere is no page about it)."""
@@ -285,6 +295,9 @@ class AnswerPipeline:
         if self._chat is None:
             answered = quote.answered and not low_confidence
             text = quote.text if answered else deferral(language, agent.contact_route)
+            # The whole answer is known before it is sent: number its sources 1, 2, ... now,
+            # so what streams is what is stored.
+            text, sources = _cited_first(text, sources)
             await self._paced(text, out)
             generated = _Generated(text=text, mode="extractive", deferred=not answered)
         else:
