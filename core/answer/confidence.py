@@ -17,19 +17,19 @@ from core.answer.extractive import Evidence
 # Fitted weights; see the module docstring.
 WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
-        "bias": -2.016,
-        "score": 0.837,
-        "similarity": 0.455,
-        "coverage": 0.134,
-        "names_missing": 0.030,
-        "wanted_missing": 0.027,
-        "match": 0.242,
-        "quote_coverage": 1.617,
-        "page_margin": 1.405,
-        "faq": -0.229,
-        "yes_no": -0.195,
-        "other_language": 0.077,
-        "unknown": -0.522,
+        "bias": -2.189,
+        "score": 1.008,
+        "similarity": 0.465,
+        "coverage": 0.126,
+        "names_missing": -0.159,
+        "wanted_missing": 0.075,
+        "match": 0.312,
+        "quote_coverage": 1.505,
+        "page_margin": 1.430,
+        "faq": -0.080,
+        "yes_no": -0.410,
+        "other_language": 0.002,
+        "unknown": -0.614,
     }
 )
 

@@ -660,6 +660,7 @@ def _choose(
         singled = [i for i in members if top > 0 and scored.focus[i] >= top - 1e-6]
         if singled and len(singled) < len(members):
             chosen = sorted(singled, key=lambda i: -scored.scores[i])[:3]
+            return sorted(chosen)  # the visitor's words chose these rows: nothing else
         elif len(members) <= MAX_ROWS and _asks_for_block(scored, best, members, matcher):
             chosen = members  # nothing singles a row out: the question asks for all of it
     if _answers_a_question(scored, best):
@@ -706,7 +707,12 @@ def _missing(question: Question, matcher: _Matcher, all_text: str) -> str | None
         own = {fold(w) for w in words(name)}
         if set(absent) <= own:
             return name
-    return absent[0] if len(absent) == 1 else None
+    if len(absent) != 1:
+        return None
+    # a single missing word is a thing only when written as a name ("bitcoin" in lower case
+    # is as likely a typo as a brand; "ever" or "currently" never are)
+    written = [w for w in words(question.text)[1:] if fold(w) == absent[0] and w[:1].isupper()]
+    return written[0] if written else None
 
 
 def _yes_no(question: Question, picked: Sequence[Sentence], matcher: _Matcher) -> str | None:
@@ -806,10 +812,17 @@ async def extractive_answer(
         missing = _missing(question, matcher, all_text)
         if missing is None:
             opening = _yes_no(question, picked, matcher)
-        elif members := _best_list(scored, page, min_similarity - 0.1):
+        elif members := _best_list(scored, page, min_similarity):
             # "Can I pay with Bitcoin?" and a list of the ways to pay without it: no
             opening = phrase("not_listed", language, thing=missing)
             picked = [sentences[i] for i in members]
+            # the answer names what is missing: that word is accounted for
+            rest = [t for t in shared if t not in {fold(w) for w in words(missing)}]
+            evidence = replace(
+                evidence,
+                quote_coverage=_share(matcher, rest, picked) if rest else 1.0,
+                unknown=1.0 - _share_in(matcher, rest, all_text) if rest else 0.0,
+            )
     parts = _compose(picked, subject_of(passages[page].title))
     if opening is not None:
         parts.insert(0, opening)
