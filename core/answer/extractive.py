@@ -132,8 +132,9 @@ _FACTS: dict[str, re.Pattern[str]] = {
         r"\b(every|elke|iedere|alle|jede[nrs]?|chaque|tous les|cada|ogni)\b|"
         r"\d\s*(?:[-–]\s*\d+\s*)?(?:working |business )?(days?|weeks?|hours?|werkdag(en)?|"
         r"dag(en)?|we(e)?k(en)?|uur|werktage?n?|tage?n?|wochen?|stunden?|jours?|semaines?|"
-        r"heures?|días?|semanas?|horas?|giorni|settimane|ore)\b|next working day|"
-        r"volgende werkdag|nächsten werktag|same day|dezelfde dag|am selben tag",
+        r"heures?|días?|semanas?|horas?|giorni|settimane|ore)\b|next (working|business) day|"
+        r"volgende werkdag|n[äa]chste[nr]? werktag|same day|dezelfde dag|am selben tag|"
+        r"jour ouvrable suivant|día hábil siguiente|giorno lavorativo successivo",
         re.I,
     ),
     # times: "15:00", "15.00 uur", "3 pm" (a bare "4.95" is a price, not a time)
@@ -471,7 +472,7 @@ def _filler(question: Question, sentence: Sentence, matcher: _Matcher) -> bool:
     text = sentence.text.rstrip()
     if text.endswith(":"):
         return True
-    if _FILLER.search(text) and not any(p.search(text) for p in _FACTS.values()):
+    if _FILLER.search(text) and not re.search(r"\d", text):
         return True
     own = {fold(w) for w in words(text)}
     return len(own) <= 12 and len(own - set(matcher.terms)) <= 2 and not question.yes_no
@@ -645,8 +646,12 @@ def _choose(
     candidates = [i for i, s in enumerate(scored.sentences) if s.source in pages]
     wanted = [i for i in candidates if scored.wanted[i] and scored.scores[i] >= floor]
     if question.wants and wanted:
-        # "How much is it?" is answered by a price when the page has one
-        candidates = wanted
+        # "How much is it?" is answered by a price when the page has one; a table or list
+        # that holds the kind of fact stays whole (a row may say it in words: "next day")
+        tables = {scored.sentences[i].block for i in wanted if scored.sentences[i].header}
+        candidates = [
+            i for i in candidates if scored.wanted[i] or scored.sentences[i].block in tables
+        ]
     order = sorted(candidates, key=lambda i: -scored.scores[i])
     if not order or scored.scores[order[0]] < floor:
         return []
