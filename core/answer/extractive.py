@@ -160,7 +160,9 @@ _FACTS: dict[str, re.Pattern[str]] = {
         r"[-−–]?\d+\s?°\s?[CF]?|\d+\s?(degrees|graden|Grad|degrés|grados)", re.I
     ),
     "person": re.compile(r"(?<!^)(?<![.!?]\s)\b[A-ZÀ-Þ][a-zß-ÿ]+\s+[A-ZÀ-Þ][a-zß-ÿ]+"),
-    "size": re.compile(r"\b(EU|UK|US)\s?\d|\d\s?(cm|mm|l|liter|litre)\b|\b(XS|S|M|L|XL|XXL)\b"),
+    "size": re.compile(
+        r"\b(EU|UK|US)\W{0,3}\d|\d\s?(cm|mm|l|liter|litre)\b|\((cm|mm)\)|\b(XS|S|M|L|XL|XXL)\b"
+    ),
     "weight": re.compile(r"\d\s?(g|kg|gram|grams|gramm)\b", re.I),
     "code": re.compile(r"\b[A-Z]{2,}-?\d{2,}|\b\d{6,}\b"),
     "contact": re.compile(r"@\w|\+?\d[\d\s()-]{7,}\d|\b\d{4}\s?[A-Z]{2}\b"),
@@ -454,6 +456,11 @@ def _key_word_scores(
     return np.array(shares, dtype=np.float32), np.array(focus, dtype=np.float32)
 
 
+def _context(sentence: Sentence) -> str:
+    """What a piece is under: its heading and its table's columns."""
+    return " ".join([sentence.heading, *sentence.header])
+
+
 def _wanted(question: Question, text: str, heading: str = "") -> bool:
     """The piece holds the kind of fact asked for: by its own shape ("€249.00", "2-3
     days"), or a number under a heading that names the kind ("Gewicht", "Opening hours")."""
@@ -550,7 +557,7 @@ async def _score(
     key_words, focus = _key_word_scores(matcher, sentences, titles)
     # a labelled fact of the wanted kind ("Price: €249.00") is the answer itself
     wanted = np.array(
-        [_wanted(question, s.text, s.heading) * (1.5 if _LABELLED.match(s.text) else 1.0)
+        [_wanted(question, s.text, _context(s)) * (1.5 if _LABELLED.match(s.text) else 1.0)
          for s in sentences],
         dtype=np.float32,
     )  # fmt: skip
