@@ -17,19 +17,19 @@ from core.answer.extractive import Evidence
 # Fitted weights; see the module docstring.
 WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
-        "bias": -2.189,
-        "score": 1.008,
-        "similarity": 0.465,
-        "coverage": 0.126,
-        "names_missing": -0.159,
-        "wanted_missing": 0.075,
-        "match": 0.312,
-        "quote_coverage": 1.505,
-        "page_margin": 1.430,
-        "faq": -0.080,
-        "yes_no": -0.410,
-        "other_language": 0.002,
-        "unknown": -0.614,
+        "bias": -2.213,
+        "score": 1.173,
+        "similarity": 0.482,
+        "coverage": 0.192,
+        "names_missing": -0.162,
+        "wanted_missing": 0.090,
+        "match": 0.328,
+        "quote_coverage": 1.339,
+        "page_margin": 1.339,
+        "faq": -0.110,
+        "yes_no": -0.396,
+        "other_language": -0.004,
+        "unknown": -0.659,
     }
 )
 

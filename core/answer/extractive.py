@@ -44,6 +44,7 @@ NEAR_DUPLICATE = 0.9
 RELATIVE_MARGIN = 0.08
 MAX_ROWS = 8  # a table or list longer than this is quoted by its matching rows only
 KEY_WORD_WEIGHT = 0.6
+TITLE_WORD_SHARE = 0.5
 WANTED_FACT_WEIGHT = 0.35
 FILLER_PENALTY = 0.25
 NAMED_PAGE_BONUS = 0.1
@@ -156,6 +157,15 @@ _FACTS: dict[str, re.Pattern[str]] = {
         re.I,
     ),
     "number": re.compile(r"\d"),
+    "measure": re.compile(
+        r"\d[\d.,]*\s?(km|m|cm|mm|kilomet\w*|met(er|re)s?|metros|mètres|metri|miles?|feet|"
+        r"ft|kilómetros|chilometri)\b",
+        re.I,
+    ),
+    "place": re.compile(
+        r"(?<=\s)(in|at|near|from|to|te|bij|naar|uit|im|in|am|aus|nach|en|à|"
+        r"au|aux|de|a|da|di)\s+(der |den |die |the |de |la |le |les )?[A-ZÀ-Þ]\w+"
+    ),
     "temperature": re.compile(
         r"[-−–]?\d+\s?°\s?[CF]?|\d+\s?(degrees|graden|Grad|degrés|grados)", re.I
     ),
@@ -436,12 +446,21 @@ def _key_word_scores(
     Stormvang 3L page is about the Stormvang 3L, the question is which one says its price.
     Only the names of the question are left out so: "store" in "Contact and store" still
     tells the store's opening hours from other hours."""
-    on_title = [set(matcher.found(title)) & matcher.name_words for title in titles]
+    on_title = [set(matcher.found(title)) for title in titles]
+
+    def weigh(sentence: Sentence, term: str, value: float) -> float:
+        if term not in on_title[sentence.source]:
+            return value
+        if term in matcher.name_words:
+            return 0.0  # the page is about the product: no piece says more of it
+        # the page's own topic tells little about which piece answers, unless the piece's
+        # section names it too ("Store opening hours" on "Contact and store")
+        return value if term in matcher.found(sentence.heading) else value * TITLE_WORD_SHARE
+
     found = [
-        {t: v for t, v in matcher.found(f"{s.heading} {s.text}").items()
-         if t not in on_title[s.source]}
+        {t: weigh(s, t, v) for t, v in matcher.found(f"{s.heading} {s.text}").items()}
         for s in sentences
-    ]  # fmt: skip
+    ]
     if not matcher.terms:
         zeros = np.zeros(len(sentences), dtype=np.float32)
         return zeros, zeros

@@ -88,6 +88,15 @@ _WANTS: dict[str, re.Pattern[str]] = {
     "number": re.compile(
         r"\b(how many|wie viele|wieviele|combien de|cuántos|cuántas|quanti|quante)\b"
     ),
+    # A length, a height, a distance ("How long is the Rhine?").
+    "measure": re.compile(
+        r"\b(how tall|how high|how big|how wide|how deep|how far|"
+        r"hoe hoog|hoe groot|hoe breed|hoe diep|hoe ver|wie lang ist|wie hoch|wie groß|wie breit|"
+        r"wie tief|wie weit|cuánto mide|qué altura|qué longitud|quelle hauteur|"
+        r"quelle longueur|quanto è alto|quanto è lungo|quanto misura)\b"
+    ),
+    # A place ("Where does the Rhine rise?").
+    "place": re.compile(r"\b(where|waar|wo|woher|wohin|où|dónde|adónde|dove)\b"),
     # A person ("Who founded the shop?").
     "person": re.compile(r"\b(who|whom|whose|wer|wem|wen|qui|quién|quiénes|chi)\b"),
     "hours": re.compile(
@@ -171,7 +180,10 @@ class Question:
 def wanted_kinds(text: str) -> frozenset[str]:
     """The kinds of fact a text asks for or names ("how much" -> price, "Gewicht" -> weight)."""
     lowered = text.casefold()
-    return frozenset(kind for kind, pattern in _WANTS.items() if pattern.search(lowered))
+    kinds = {kind for kind, pattern in _WANTS.items() if pattern.search(lowered)}
+    if "contact" in kinds:
+        kinds.discard("place")  # "where is your store?" wants the address
+    return frozenset(kinds)
 
 
 def fold(word: str) -> str:

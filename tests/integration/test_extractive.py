@@ -318,3 +318,47 @@ async def test_the_product_named_answers_from_its_own_page(embedder: CountingEmb
     shoe = Passage("Trailrunner 2 | Acme", TRAIL_SHOE, "en")
     result = await ask(embedder, "What does the Trailrunner 2 cost?", [jacket, shoe])
     assert result.text == "Trailrunner 2 – Price: €129.95 [2]."
+
+
+ENCYCLOPEDIA = {
+    "es": Passage(
+        "La Torre Eiffel",
+        "La torre Eiffel es una estructura de hierro diseñada por Gustave Eiffel. Fue "
+        "construida entre 1887 y 1889 para la Exposición Universal de París. Mide 330 metros "
+        "de altura y recibe unos siete millones de visitantes al año.",
+        "es",
+    ),
+    "de": Passage(
+        "Der Rhein",
+        "Der Rhein ist ein Strom in Mitteleuropa. Er entspringt in den Schweizer Alpen und "
+        "mündet in die Nordsee. Seine Länge beträgt etwa 1230 Kilometer. Wichtige Städte am "
+        "Rhein sind Basel, Köln und Düsseldorf.",
+        "de",
+    ),
+    "en": Passage(
+        "Amazon river",
+        "The Amazon is the largest river in the world by discharge volume. It flows through "
+        "Brazil, Peru and Colombia. The river was named by Francisco de Orellana in 1542.",
+        "en",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("language", "question", "span"),
+    [
+        ("es", "¿Cuándo fue construida la torre Eiffel?", "1887"),
+        ("es", "¿Cuánto mide la torre Eiffel?", "330 metros"),
+        ("es", "¿Quién diseñó la torre?", "Gustave Eiffel"),
+        ("de", "Wie lang ist der Rhein?", "1230 Kilometer"),
+        ("de", "In welches Meer mündet der Rhein?", "Nordsee"),
+        ("en", "Who named the Amazon river?", "Orellana"),
+        ("en", "When was the Amazon named?", "1542"),
+    ],
+)
+async def test_a_paragraph_answers_with_the_sentence_holding_the_kind_of_fact_asked(
+    embedder: CountingEmbedder, language: str, question: str, span: str
+) -> None:
+    """Not only shops: a date for "when", a length for "how long is", a name for "who"."""
+    result = await ask(embedder, question, [ENCYCLOPEDIA[language]], language)
+    assert span in result.text
