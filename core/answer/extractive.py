@@ -77,6 +77,7 @@ class Sentence:
     block: int = -1  # the list or table it belongs to (-1: a paragraph sentence)
     header: tuple[str, ...] = ()  # a table row's column names
     paragraph: int = -1  # the paragraph a sentence belongs to, counted per source
+    cells: tuple[str, ...] = ()  # a table row's cells
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,7 @@ _ABBREVIATION = re.compile(
     r"m\.b\.t|z\.B|u\.a|usw|bzw|ggf|evtl|inkl|p\.ex|env|cf|dr|mr|mrs|ms|st)|\b[A-Z])\.$",
     re.IGNORECASE,
 )
-_LABELLED = re.compile(r"^[^:]{2,40}:\s*\S")  # "Price: €169.95", a fact with its label
+_LABELLED = re.compile(r"^[^:\d]{2,40}:\s+\S")  # "Price: €169.95", a fact with its label
 _MIN_WORDS = 3
 
 # Kinds of fact, as they look in a sentence.
@@ -269,6 +270,7 @@ class _Reader:
                     self.heading,
                     self.block,
                     tuple(self.header),
+                    cells=tuple(cells),
                 )
             elif item is not None:
                 yield from self.flush()
@@ -354,7 +356,12 @@ def _compose(picked: Sequence[Sentence], subject: str) -> list[str]:
     def flush() -> None:
         if not group:
             return
-        text = "; ".join(s.text.rstrip(" .;") for s in group)
+        if len(group) > 1 and all(len(s.cells) == 2 and all(s.cells) for s in group):
+            # a whole two-column table reads as "Monday: 12:00–18:00; Tuesday: ..."
+            text = "; ".join(f"{s.cells[0]}: {s.cells[1]}" for s in group)
+            text = f"{group[0].heading} – {text}" if group[0].heading else text
+        else:
+            text = "; ".join(s.text.rstrip(" .;") for s in group)
         first = group[0]
         if (
             subject

@@ -256,6 +256,7 @@ def test_markdown_is_split_into_quotable_pieces_with_headings_and_blocks() -> No
             "Shipping and delivery",
             0,
             ("Country", "Delivery time", "Cost"),
+            cells=("Netherlands", "1-2 working days", "€3.95"),
         ),
         Sentence(
             0,
@@ -263,6 +264,7 @@ def test_markdown_is_split_into_quotable_pieces_with_headings_and_blocks() -> No
             "Shipping and delivery",
             0,
             ("Country", "Delivery time", "Cost"),
+            cells=("Belgium", "2-3 working days", "€4.95"),
         ),
         Sentence(
             0,
@@ -270,6 +272,7 @@ def test_markdown_is_split_into_quotable_pieces_with_headings_and_blocks() -> No
             "Shipping and delivery",
             0,
             ("Country", "Delivery time", "Cost"),
+            cells=("Germany", "3-4 working days", "€6.95"),
         ),
         Sentence(0, "You can return items within 30 days of delivery.", "Returns", 1),
         Sentence(0, "Returned items must be unused and in their original packaging.", "Returns", 1),
@@ -362,3 +365,23 @@ async def test_a_paragraph_answers_with_the_sentence_holding_the_kind_of_fact_as
     """Not only shops: a date for "when", a length for "how long is", a name for "who"."""
     result = await ask(embedder, question, [ENCYCLOPEDIA[language]], language)
     assert span in result.text
+
+
+async def test_a_whole_two_column_table_reads_as_label_and_value(
+    embedder: CountingEmbedder,
+) -> None:
+    hours = """# Contact
+
+## Store opening hours
+
+| Day | Hours |
+|---|---|
+| Monday | 12:00–18:00 |
+| Tuesday to Saturday | 10:00–18:00 |
+| Sunday | closed |
+"""
+    result = await ask(embedder, "Store opening hours?", [hours])
+    assert result.text == (
+        "Store opening hours – Monday: 12:00–18:00; Tuesday to Saturday: 10:00–18:00; "
+        "Sunday: closed [1]."
+    )
