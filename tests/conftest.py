@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -24,9 +25,16 @@ TEMPLATE = "parley_template"
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Admin URL of the session's PostgreSQL server (one per test session)."""
-    with postgres_server(tmp_path_factory.mktemp("postgres")) as url:
+def postgres_url() -> Iterator[str]:
+    """Admin URL of the session's PostgreSQL server (one per test session).
+
+    Its data lives outside pytest's temporary folders: pytest keeps only the newest three
+    of those per user and deletes older ones, so another test run starting meanwhile would
+    remove this server's files under it."""
+    with (
+        tempfile.TemporaryDirectory(prefix="parley-test-postgres-") as folder,
+        postgres_server(Path(folder)) as url,
+    ):
         yield url
 
 

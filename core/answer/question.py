@@ -8,8 +8,10 @@ import logging
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Any
 
 import snowballstemmer  # type: ignore[import-untyped]
+from py3langid.langid import MODEL_FILE, LanguageIdentifier
 from stop_words import get_stop_words  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
@@ -235,10 +237,28 @@ def guess_language(text: str) -> str | None:
     """The language of a message too short for statistics ("wat kost de Stormvang?"), by
     its function words; None when no language stands out."""
     found = [fold(w) for w in words(text)]
-    counts = {lang: sum(w in _own_stop_words(lang) for w in found) for lang in _GUESSABLE}
+    # a word several languages share ("was", "die") counts for each of them in part
+    shared = {w: sum(w in _own_stop_words(lang) for lang in _GUESSABLE) for w in found}
+    counts = {
+        lang: sum(1 / shared[w] for w in found if w in _own_stop_words(lang)) for lang in _GUESSABLE
+    }
     ranked = sorted(counts.items(), key=lambda item: -item[1])
     (best, top), (_, second) = ranked[0], ranked[1]
-    return best if top >= 1 and top > second else None
+    if top >= 0.99 and top > second + 1e-9:
+        return best
+    if top == 0:
+        return None
+    # function words shared by two languages ("Was kostet die ...?"): the rest of the
+    # words decide, among the languages those function words allow
+    candidates = [lang for lang, count in ranked if count >= top - 1e-9]
+    return _identifier(tuple(sorted(candidates))).classify(text)[0]  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _identifier(languages: tuple[str, ...]) -> Any:
+    identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    identifier.set_languages(list(languages))
+    return identifier
 
 
 def words(text: str) -> list[str]:
