@@ -172,7 +172,7 @@ class Question:
             language=language,
             terms=key_words(text, language),
             focus=key_words(own, language),
-            wants=wanted_kinds(lowered),
+            wants=wanted_kinds(own) or wanted_kinds(lowered),
             yes_no=is_yes_no(own),
             compares=bool(_COMPARES.search(own)),
             names=names_in(own, language) or names_in(text, language),
