@@ -71,11 +71,13 @@ def is_follow_up(
     if not any(role == "visitor" for role, _ in history):
         points = starts or bool(_POINTS_AT_PAGE.search(question)) or _asks_a_product_fact(question)
         return page_subject is not None and points and not _names_it(question, page_subject)
-    # A short question with a topic of its own ("Do you repair bicycles?") stands alone; a
-    # very short one ("size 44?") or one without a word of substance leans on what came before.
+    # A short question with a topic of its own ("Do you repair bicycles?", "Shipping to
+    # Belgium?") stands alone; one with a single word of substance ("size 44?", "in red?")
+    # or none leans on what came before.
     count = len(re.findall(r"\w+", question))
-    substance = len(key_words(question, guess_language(question) or "en"))
-    leans = count <= 3 or (count <= SHORT_QUESTION_WORDS and substance == 0)
+    language = guess_language(question) or "en"
+    substance = len([w for w in key_words(question, language) if not w.isdigit()])
+    leans = (count <= 3 and substance < 2) or (count <= SHORT_QUESTION_WORDS and substance == 0)
     return leans or starts or bool(_ANAPHORA.search(question))
 
 

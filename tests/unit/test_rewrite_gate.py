@@ -36,6 +36,7 @@ def test_follow_ups_need_a_rewrite(question: str) -> None:
         "Welke betaalmethoden accepteren jullie bij een bestelling in de webshop?",
         "Do you repair bicycles?",
         "Verkopen jullie kano's?",
+        "Verzending naar België?",
     ],
 )
 def test_self_contained_questions_go_verbatim(question: str) -> None:
