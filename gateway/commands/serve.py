@@ -70,6 +70,9 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+DEMO_CONTACT_ROUTE = "service@noordkaap.example or +31 10 341 27 90"
+
+
 async def prepare_demo(settings: Settings) -> DemoSite:
     """Agent `demo` with the sample shop ingested; only the first start does real work."""
     if not DEMO_SITE.is_dir():
@@ -86,6 +89,8 @@ async def prepare_demo(settings: Settings) -> DemoSite:
                 language="en",
                 timezone="Europe/Amsterdam",
             )
+            # the sample shop's own contact page, so a deferral tells visitors where to go
+            agent = await agents.update(DEMO_AGENT, contact_route=DEMO_CONTACT_ROUTE)
             log.info("demo.agent.created widget_key=%s", agent.widget_key)
         ingestor = Ingestor(KnowledgeStore(runtime.database.pool), runtime.embedder)
         report = await ingestor.ingest(agent, parse_source(str(DEMO_SITE)))
