@@ -819,8 +819,7 @@ async def extractive_answer(
     page = ranked_pages[0]
     page_text = f"{passages[page].title} {passages[page].text}"
     coverage = sum(matcher.found(page_text).values()) / len(matcher.terms) if matcher.terms else 0.0
-    best = chosen[0] if chosen else int(np.argmax(scored.scores))
-    best = max(chosen, key=lambda i: scored.scores[i]) if chosen else best
+    best = max(chosen, key=lambda i: scored.scores[i]) if chosen else int(np.argmax(scored.scores))
     picked = [sentences[i] for i in chosen]
     # Across languages only names and numbers can be found word for word.
     across = _other_language(passages[page], language)

@@ -282,17 +282,11 @@ class AnswerPipeline:
         threshold = float(agent.settings.get("answer_threshold", ANSWER_THRESHOLD))
         await out.emit(TurnEvent.status("reading"))
 
-        step = time.perf_counter()
-        quote = await self._quote(request, agent, question, sources)
-        signals = Signals.of(quote.evidence, match, bool(question.wants), question.yes_no)
-        estimate = confidence(signals) if quote.answered else 0.0
-        low_confidence = estimate < threshold
-        trace.lap("quote", step)
-        trace.data["confidence_signals"] = signals.as_dict()
-        await out.emit(TurnEvent.status("answering"))
-
-        step = time.perf_counter()
         if self._chat is None:
+            quote, estimate = await self._estimate(request, agent, question, sources, match, trace)
+            low_confidence = estimate < threshold
+            await out.emit(TurnEvent.status("answering"))
+            step = time.perf_counter()
             answered = quote.answered and not low_confidence
             text = quote.text if answered else deferral(language, agent.contact_route)
             # The whole answer is known before it is sent: number its sources 1, 2, ... now,
@@ -301,6 +295,8 @@ class AnswerPipeline:
             await self._paced(text, out)
             generated = _Generated(text=text, mode="extractive", deferred=not answered)
         else:
+            await out.emit(TurnEvent.status("answering"))
+            step = time.perf_counter()
             generated = await self._generate(
                 request, agent, sources, history, memory.summary, language, out, trace
             )
@@ -308,6 +304,11 @@ class AnswerPipeline:
         if generated.error is not None:
             await out.emit(TurnEvent.error(generated.error, generated.message))
             return TurnOutcome(answer="", mode=generated.mode, error=generated.error)
+        if self._chat is not None:
+            # Only the stored confidence needs the quote: worked out after the stream, it
+            # adds nothing to the time the visitor waits for the first word.
+            _, estimate = await self._estimate(request, agent, question, sources, match, trace)
+            low_confidence = estimate < threshold
 
         processed = postprocess(generated.text, len(sources), [s.text for s in sources])
         answer = processed.text if not generated.leaked else generated.text
@@ -538,6 +539,24 @@ class AnswerPipeline:
             *sources,
             SourceRef(number, page.url, page.title, 0.0, text, page.locale, page.page_id),
         ]
+
+    async def _estimate(
+        self,
+        request: TurnRequest,
+        agent: Agent,
+        question: Question,
+        sources: list[SourceRef],
+        match: float,
+        trace: _Trace,
+    ) -> tuple[ExtractiveAnswer, float]:
+        """The quote and the estimated probability that an answer from these sources is right
+        (the signals are recorded in the trace)."""
+        step = time.perf_counter()
+        quote = await self._quote(request, agent, question, sources)
+        signals = Signals.of(quote.evidence, match, bool(question.wants), question.yes_no)
+        trace.lap("quote", step)
+        trace.data["confidence_signals"] = signals.as_dict()
+        return quote, confidence(signals) if quote.answered else 0.0
 
     async def _quote(
         self,
