@@ -55,7 +55,8 @@ _PHRASES: _Table = MappingProxyType(
 LANGUAGE_NAMES: _Table = MappingProxyType(
     {
         "en": {"en": "English", "nl": "Dutch", "de": "German", "fr": "French",
-               "es": "Spanish", "it": "Italian"},
+               "es": "Spanish", "it": "Italian", "pt": "Portuguese", "da": "Danish",
+               "sv": "Swedish", "pl": "Polish"},
         "nl": {"en": "Engels", "nl": "Nederlands", "de": "Duits", "fr": "Frans",
                "es": "Spaans", "it": "Italiaans"},
         "de": {"en": "Englisch", "nl": "Niederländisch", "de": "Deutsch", "fr": "Französisch",

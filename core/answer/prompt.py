@@ -7,12 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+from core.answer.phrases import language_name
 from core.ports import ChatMessage
-
-LANGUAGE_NAMES = {
-    "en": "English", "nl": "Dutch", "de": "German", "fr": "French", "es": "Spanish",
-    "it": "Italian", "pt": "Portuguese", "da": "Danish", "sv": "Swedish", "pl": "Polish",
-}  # fmt: skip
 
 CORE_INSTRUCTIONS = (
     "Answer the visitor's question using only the information in the sources below. "
@@ -72,7 +68,7 @@ def secret_text() -> str:
 
 def _sections(p: PromptInput) -> list[tuple[str, str]]:
     local = p.now.astimezone(ZoneInfo(p.timezone))
-    language = LANGUAGE_NAMES.get(p.language, p.language)
+    language = language_name(p.language, "en")
     persona = p.persona.strip() or (
         f"You are the friendly customer-support assistant of {p.agent_name}."
     )
