@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from core.answer.phrases import deferral, language_name, phrase
+from core.answer.places import country, region_holds
 from core.answer.question import Question, fold, name_found, stem, wanted_kinds, words
 from core.ports import Embedder
 
@@ -45,6 +46,8 @@ RELATIVE_MARGIN = 0.08
 MAX_ROWS = 8  # a table or list longer than this is quoted by its matching rows only
 KEY_WORD_WEIGHT = 0.6
 TITLE_WORD_SHARE = 0.5
+HEADING_SHARE = 0.8  # a key word only in the piece's heading
+REGION_MATCH = 0.8  # "Other EU countries" for "Austria": the row, though not by name
 WANTED_FACT_WEIGHT = 0.35
 FILLER_PENALTY = 0.25
 NAMED_PAGE_BONUS = 0.1
@@ -461,17 +464,32 @@ def _key_word_scores(
         if term in matcher.name_words:
             return 0.0  # the page is about the product: no piece says more of it
         # the page's own topic tells little about which piece answers, unless the piece's
-        # section names it too ("Store opening hours" on "Contact and store")
-        return value if term in matcher.found(sentence.heading) else value * TITLE_WORD_SHARE
+        # section or column names it too ("Store opening hours" on "Contact and store")
+        return value if term in matcher.found(_context(sentence)) else value * TITLE_WORD_SHARE
 
-    found = [
-        {t: weigh(s, t, v) for t, v in matcher.found(f"{s.heading} {s.text}").items()}
-        for s in sentences
-    ]
+    def held(sentence: Sentence) -> dict[str, float]:
+        # a word of the piece itself says more than one of its section's heading
+        own = matcher.found(sentence.text)
+        under = matcher.found(sentence.heading)
+        merged = {t: max(own.get(t, 0.0), HEADING_SHARE * under.get(t, 0.0)) for t in own | under}
+        return {t: weigh(sentence, t, v) for t, v in merged.items()}
+
+    found = [held(s) for s in sentences]
     if not matcher.terms:
         zeros = np.zeros(len(sentences), dtype=np.float32)
         return zeros, zeros
     count = {t: sum(t in f for f in found) for t in matcher.terms}
+    for term in matcher.terms:
+        # a country a page does not name is answered there by the row of its region
+        # ("Austria" by "Other EU countries")
+        if (code := country(term)) is not None:
+            naming = {s.source for s, f in zip(sentences, found, strict=True) if term in f}
+            for piece, sentence in zip(found, sentences, strict=True):
+                if sentence.source not in naming and region_holds(
+                    code, f"{sentence.heading} {sentence.text}"
+                ):
+                    piece[term] = REGION_MATCH
+            count[term] = sum(term in f for f in found)
     n = len(sentences)
     weight = {t: matcher.weight(t) * float(np.log((n + 1) / (count[t] + 1)) + 0.5) for t in count}
     total = sum(weight.values()) or 1.0
@@ -695,7 +713,9 @@ def _choose(
         members = [i for i in candidates if scored.sentences[i].block == block]
         # the rows holding most of the visitor's own words ("40" inside "39–42" of one row)
         top = max(scored.focus[i] for i in members)
-        singled = [i for i in members if top > 0 and scored.focus[i] >= top - 1e-6]
+        low = min(scored.focus[i] for i in members)
+        # (a word of the block's heading in one row's own text does not single it out)
+        singled = [i for i in members if top - low > 0.25 and scored.focus[i] >= top - 1e-6]
         if singled and len(singled) < len(members):
             chosen = sorted(singled, key=lambda i: -scored.scores[i])[:3]
             return sorted(chosen)  # the visitor's words chose these rows: nothing else
@@ -879,6 +899,9 @@ def _share_in(matcher: _Matcher, terms: Sequence[str], text: str) -> float:
     if not terms:
         return 1.0
     found = matcher.found(text)
+    for term in terms:
+        if term not in found and (code := country(term)) and region_holds(code, text):
+            found[term] = REGION_MATCH  # "Austria" in the row of the other EU countries
     return sum(found.get(t, 0.0) for t in terms) / len(terms)
 
 

@@ -385,3 +385,38 @@ async def test_a_whole_two_column_table_reads_as_label_and_value(
         "Store opening hours – Monday: 12:00–18:00; Tuesday to Saturday: 10:00–18:00; "
         "Sunday: closed [1]."
     )
+
+
+REGIONS = """# Delivery
+
+| Country | Delivery time | Cost |
+|---|---|---|
+| Germany | 2-3 working days | €6.95 |
+| Other EU countries | 3-6 working days | €12.95 |
+| United Kingdom | 4-7 working days | €19.95 |
+
+## Returns
+
+| Returning from | Who pays |
+|---|---|
+| Belgium | free |
+| Germany | €4.95 |
+"""
+
+
+@pytest.mark.parametrize(
+    ("question", "language"),
+    [
+        ("How long does delivery to Austria take?", "en"),
+        ("Wie lange dauert die Lieferung nach Österreich?", "de"),
+        ("Hoe lang duurt de levering naar Oostenrijk?", "nl"),
+    ],
+)
+async def test_a_country_the_table_does_not_list_gets_the_row_of_its_region(
+    embedder: CountingEmbedder, question: str, language: str
+) -> None:
+    result = await ask(embedder, question, [REGIONS], language)
+    assert result.answered
+    assert "Other EU countries; Delivery time: 3-6 working days" in result.text
+    assert "Germany" not in result.text
+    assert "United Kingdom" not in result.text
