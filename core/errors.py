@@ -7,7 +7,7 @@ The hierarchy::
     │   └── EmbedderMismatch        the configured embedder differs from an agent's index
     ├── Unavailable                 a backing service cannot be reached
     │   ├── StoreUnavailable        PostgreSQL
-    │   ├── CacheUnavailable        Redis
+    │   ├── CacheUnavailable        Redis (readiness reports it; requests never see it)
     │   └── AdminDisabled           no admin token and no staff account: nobody can sign in
     ├── InvalidInput                a request or a command argument is malformed
     ├── NotFound                    something named does not exist

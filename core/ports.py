@@ -24,6 +24,11 @@ class Cache(Protocol):
 
     Values are strings; TTLs are seconds (fractions allowed). Every implementation gives the
     same answers for the same calls, so the in-process cache can stand in for Redis.
+
+    The cache the processes use never fails a call (`core.cache.FallbackCache`): while Redis
+    is down, reads miss, writes are skipped and report False, and token buckets are kept in
+    the process. So nothing may rely on it for correctness: deduplication and locks belong
+    in PostgreSQL, never in a ``set(..., only_if_absent=True)`` here.
     """
 
     kind: str  # "redis" or "local", for readiness reports
@@ -59,7 +64,7 @@ class Cache(Protocol):
         ...
 
     async def ping(self) -> None:
-        """Raise `CacheUnavailable` when the cache cannot answer."""
+        """Raise `CacheUnavailable` when the cache cannot answer (only this call raises it)."""
         ...
 
     async def close(self) -> None: ...

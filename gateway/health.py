@@ -23,27 +23,41 @@ async def healthz(request: web.Request) -> web.Response:
 
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when the database and the cache both answer; 503 naming each that does not."""
+    """Ready when the database answers: 503 naming what failed when it does not.
+
+    Redis is a cache, never a dependency of an answer: without it every request is still
+    answered (caches bypassed, rate limits in-process), so a Redis that does not answer
+    makes the gateway ``degraded``, still 200, lest a load balancer take every gateway out.
+    """
     cache = request.app[CACHE]
+    cache_check = f"cache ({cache.kind})"
     checks = {
         "database": request.app[DATABASE].ping(_CHECK_TIMEOUT),
-        f"cache ({cache.kind})": asyncio.wait_for(cache.ping(), _CHECK_TIMEOUT),
+        cache_check: asyncio.wait_for(cache.ping(), _CHECK_TIMEOUT),
     }
     results = await asyncio.gather(*checks.values(), return_exceptions=True)
     report: dict[str, str] = {}
     failed = []
+    degraded = False
     for name, result in zip(checks, results, strict=True):
-        if isinstance(result, BaseException):
-            reason = result.message if isinstance(result, Unavailable) else "no answer in time"
+        if not isinstance(result, BaseException):
+            report[name] = "ok"
+            continue
+        reason = result.message if isinstance(result, Unavailable) else "no answer in time"
+        if name == cache_check:
+            report[name] = f"degraded: {reason}; answering without it"
+            degraded = True
+        else:
             report[name] = reason
             failed.append(f"{name}: {reason}")
-        else:
-            report[name] = "ok"
     if failed:
         response = error_response(503, "not_ready", "not ready: " + "; ".join(failed))
         response.headers["Cache-Control"] = "no-store"
         return response
-    return web.json_response({"status": "ready", "checks": report})
+    status = "degraded" if degraded else "ready"
+    return web.json_response(
+        {"status": status, "checks": report}, headers={"Cache-Control": "no-store"}
+    )
 
 
 @routes.get("/metrics")

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError
 
 from core.errors import CacheUnavailable
@@ -47,6 +49,11 @@ def _reachable() -> Iterator[None]:
         raise CacheUnavailable(f"redis is unreachable ({type(exc).__name__})") from exc
 
 
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob pattern (SCAN MATCH)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 def _ms(ttl: float) -> int:
     return max(1, math.ceil(ttl * 1000))
 
@@ -63,8 +70,15 @@ class RedisCache:
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "parley:") -> RedisCache:
+        # Short timeouts and one retry: a retry reconnects a pooled connection that a Redis
+        # restart closed, and more only delays the calls in flight when Redis goes, which
+        # then answer without it (see `FallbackCache`).
         client = aioredis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=5.0
+            url,
+            decode_responses=True,
+            socket_connect_timeout=1.0,
+            socket_timeout=2.0,
+            retry=Retry(ExponentialWithJitterBackoff(cap=0.1, base=0.01), retries=1),
         )
         return cls(client, prefix)
 
@@ -130,6 +144,22 @@ class RedisCache:
         with _reachable():
             items = await self._client.lrange(self._key(key), 0, -1)
             return [str(item) for item in items]
+
+    async def clear(self) -> int:
+        """Delete every key under this cache's prefix (and no other); returns how many."""
+        removed = 0
+        with _reachable():
+            batch: list[str] = []
+            async for key in self._client.scan_iter(
+                match=_glob_escape(self._prefix) + "*", count=500
+            ):
+                batch.append(key)
+                if len(batch) >= 500:
+                    removed += int(await self._client.unlink(*batch))
+                    batch = []
+            if batch:
+                removed += int(await self._client.unlink(*batch))
+        return removed
 
     async def ping(self) -> None:
         with _reachable():

@@ -8,7 +8,8 @@ Cache layout (every entry expires after ``ttl``, two hours by default)::
 
 Entries of a generation are only ever read through the pointer, so whatever is written for an
 old generation after a clear (a slow rebuild, a late summary) is never seen again. A miss of
-any of the three rebuilds all of them from Postgres in one query.
+any of the three rebuilds all of them from Postgres in one query. The cache never fails a call
+(see `core.cache.FallbackCache`): while Redis is down every recall is such a rebuild.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from typing import Any, Literal
 
 import asyncpg
 
-from core.errors import CacheUnavailable
 from core.memory.summary import Summarizer
 from core.ports import Cache, ChatModel
 from core.settings import Settings
@@ -122,15 +122,10 @@ class ConversationMemory:
         """The conversation's memory: from the cache, else rebuilt from Postgres and cached."""
         if conversation_id is None:
             return Recollection(None)
-        try:
-            cached = await self._cached(conversation_id)
-        except CacheUnavailable:
-            # Memory is worth a query more; the turn goes on without the cache.
-            log.warning("memory.cache.unavailable conversation_id=%d", conversation_id)
-            return await self._rebuild(conversation_id, write_back=False)
+        cached = await self._cached(conversation_id)
         if cached is not None:
             return cached
-        return await self._rebuild(conversation_id, write_back=True)
+        return await self._rebuild(conversation_id)
 
     async def remember(
         self, conversation_id: int, generation: int, messages: Sequence[StoredMessage]
@@ -145,29 +140,23 @@ class ConversationMemory:
             await asyncio.wait({writing})  # the rebuilt list first, then what came after it
         if messages:
             key = _messages_key(conversation_id, generation)
-            try:
-                if await self._cache.list_range(key):
-                    await self._cache.list_push(
-                        key, *map(_item, messages), keep=self._window, ttl=self._ttl
-                    )
-            except CacheUnavailable:
-                log.warning("memory.cache.unavailable conversation_id=%d", conversation_id)
+            if await self._cache.list_range(key):
+                await self._cache.list_push(
+                    key, *map(_item, messages), keep=self._window, ttl=self._ttl
+                )
         self._summarize_soon(conversation_id)
 
     async def forget(self, conversation_id: int) -> None:
         """Drop the cached memory (e.g. after a turn was taken back); Postgres is unchanged."""
-        try:
-            pointer = await self._cache.get(_pointer(conversation_id))
-            keys = [_pointer(conversation_id)]
-            if pointer is not None:
-                generation = int(pointer)
-                keys += [
-                    _messages_key(conversation_id, generation),
-                    _summary_key(conversation_id, generation),
-                ]
-            await self._cache.delete(*keys)
-        except CacheUnavailable:
-            log.warning("memory.cache.unavailable conversation_id=%d", conversation_id)
+        pointer = await self._cache.get(_pointer(conversation_id))
+        keys = [_pointer(conversation_id)]
+        if pointer is not None:
+            generation = int(pointer)
+            keys += [
+                _messages_key(conversation_id, generation),
+                _summary_key(conversation_id, generation),
+            ]
+        await self._cache.delete(*keys)
 
     async def clear(self, agent_id: int, channel: str, conversation_key: str) -> bool:
         """Clear the conversation: memory starts empty; False when there is no such one.
@@ -253,7 +242,7 @@ class ConversationMemory:
             conversation_id, generation, messages, state["text"], state["through"], "cache"
         )
 
-    async def _rebuild(self, conversation_id: int, *, write_back: bool) -> Recollection:
+    async def _rebuild(self, conversation_id: int) -> Recollection:
         stored = await self._store.load(conversation_id, self._window)
         if stored is None:
             return Recollection(conversation_id)
@@ -265,12 +254,11 @@ class ConversationMemory:
             stored.through,
             "postgres",
         )
-        if write_back:
-            # Cached while the turn goes on: `remember` waits for it before adding to it.
-            task = asyncio.create_task(self._write(conversation_id, stored))
-            self._writing[conversation_id] = task
-            self._tasks.add(task)
-            task.add_done_callback(partial(self._written, conversation_id))
+        # Cached while the turn goes on: `remember` waits for it before adding to it.
+        task = asyncio.create_task(self._write(conversation_id, stored))
+        self._writing[conversation_id] = task
+        self._tasks.add(task)
+        task.add_done_callback(partial(self._written, conversation_id))
         return recollection
 
     def _written(self, conversation_id: int, task: asyncio.Task[None]) -> None:
@@ -279,12 +267,6 @@ class ConversationMemory:
             del self._writing[conversation_id]
 
     async def _write(self, conversation_id: int, stored: StoredMemory) -> None:
-        try:
-            await self._write_entries(conversation_id, stored)
-        except CacheUnavailable:
-            log.warning("memory.cache.unavailable conversation_id=%d", conversation_id)
-
-    async def _write_entries(self, conversation_id: int, stored: StoredMemory) -> None:
         generation = stored.generation
         await self._cache.set(
             _pointer(conversation_id), str(generation), ttl=self._ttl, only_if_absent=True
@@ -309,13 +291,10 @@ class ConversationMemory:
         self, conversation_id: int, generation: int, text: str, through: int
     ) -> None:
         key = _summary_key(conversation_id, generation)
-        try:
-            current = await self._cache.get(key)
-            if current is not None and (json.loads(current)["through"] or 0) >= through:
-                return  # a newer summary got there first
-            await self._cache.set(key, _summary_value(text, through), ttl=self._ttl)
-        except CacheUnavailable:
-            log.warning("memory.cache.unavailable conversation_id=%d", conversation_id)
+        current = await self._cache.get(key)
+        if current is not None and (json.loads(current)["through"] or 0) >= through:
+            return  # a newer summary got there first
+        await self._cache.set(key, _summary_value(text, through), ttl=self._ttl)
 
     # -- background summaries -------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 
@@ -11,7 +12,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.cache import LocalCache, RedisCache
+from core.cache import FallbackCache, LocalCache, RedisCache
 from core.errors import CacheUnavailable
 from core.ports import Cache
 from tests.support.services import RedisServer
@@ -23,9 +24,15 @@ def _redis_cache(url: str) -> RedisCache:
     return RedisCache(client, prefix=f"test:{uuid.uuid4().hex}:")
 
 
-@pytest.fixture(params=["local", "redis"])
+@pytest.fixture(params=["local", "redis", "fallback"])
 async def cache(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[Cache]:
-    store: Cache = LocalCache() if request.param == "local" else _redis_cache(redis_url)
+    store: Cache
+    if request.param == "local":
+        store = LocalCache()
+    elif request.param == "redis":
+        store = _redis_cache(redis_url)
+    else:  # what the processes use: Redis behind the fallback
+        store = FallbackCache(_redis_cache(redis_url))
     yield store
     await store.close()
 
@@ -129,6 +136,94 @@ async def test_redis_gone_is_reported_as_cache_unavailable(private_redis: RedisS
     with pytest.raises(CacheUnavailable):
         await cache.ping()
     await cache.close()
+
+
+async def _cut_off(redis: aioredis.Redis) -> None:
+    """Redis refuses every other client but keeps its data, as behind a network partition."""
+    await redis.config_set("requirepass", "partition")
+    await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+
+
+async def test_the_fallback_misses_skips_and_limits_in_process_while_redis_is_gone(
+    private_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = FallbackCache(_redis_cache(private_redis.url))
+    await cache.set("k", "v")
+    await cache.list_push("recent", "a", keep=3, ttl=30)
+    private_redis.kill()
+    with caplog.at_level(logging.INFO, logger="core.cache.fallback"):
+        for _ in range(3):  # however often it is asked: misses, skipped writes, no errors
+            assert await cache.get("k") is None
+            assert await cache.list_range("recent") == []
+            assert not await cache.set("k", "w")
+            assert not await cache.set("lock", "me", ttl=5, only_if_absent=True)
+            await cache.list_push("recent", "b", keep=3, ttl=30)
+            assert await cache.delete("k") == 0
+        assert not cache.available
+        assert [await cache.incr("n") for _ in range(2)] == [1, 2]
+        taken = [await cache.take_token("ip", rate=0.001, capacity=2) for _ in range(3)]
+        assert [t.allowed for t in taken] == [True, True, False]
+        with pytest.raises(CacheUnavailable, match="redis is unreachable"):
+            await cache.ping()
+        private_redis.start()  # empty, on the same port
+        await cache.ping()
+        assert cache.available
+        assert await cache.set("k", "again")
+        assert await cache.get("k") == "again"
+    logged = [r.getMessage().split(" ")[0] for r in caplog.records]
+    assert logged == ["cache.unavailable", "cache.available"]  # once per outage, not per call
+    await cache.close()
+
+
+async def test_the_fallback_probes_redis_by_itself_until_it_is_back(
+    private_redis: RedisServer,
+) -> None:
+    cache = FallbackCache(_redis_cache(private_redis.url), retry_every=0.02)
+    private_redis.kill()
+    assert await cache.get("k") is None
+    assert not cache.available
+    private_redis.start()
+    async with asyncio.timeout(10):
+        while not cache.available:  # no call to it needed: the probe finds Redis again
+            await asyncio.sleep(0.02)
+    assert await cache.set("k", "v")
+    await cache.close()
+
+
+async def test_keys_touched_while_cut_off_are_deleted_before_redis_is_used_again(
+    private_redis: RedisServer,
+) -> None:
+    async with aioredis.Redis.from_url(private_redis.url, decode_responses=True) as admin:
+        cache = FallbackCache(_redis_cache(private_redis.url))
+        for key in ("pointer", "list", "kept"):
+            await cache.set(key, "old")
+        await _cut_off(admin)
+        assert await cache.get("pointer") is None  # a read: what it held may be outdated now
+        assert not await cache.set("list", "new")  # a write Redis never saw
+        await admin.config_set("requirepass", "")
+        await cache.ping()
+        assert await cache.get("pointer") is None
+        assert await cache.get("list") is None
+        assert await cache.get("kept") == "old"  # untouched during the outage: still good
+        await cache.close()
+
+
+async def test_past_the_stale_key_limit_the_whole_prefix_is_dropped_and_nothing_else(
+    private_redis: RedisServer,
+) -> None:
+    async with aioredis.Redis.from_url(private_redis.url, decode_responses=True) as admin:
+        await admin.set("other-deployment:k", "theirs")
+        cache = FallbackCache(_redis_cache(private_redis.url), max_stale=3)
+        for n in range(10):
+            await cache.set(f"k{n}", "old")
+        await _cut_off(admin)
+        for n in range(5):
+            await cache.get(f"k{n}")
+        await admin.config_set("requirepass", "")
+        await cache.ping()
+        assert [await cache.get(f"k{n}") for n in range(10)] == [None] * 10
+        assert await admin.get("other-deployment:k") == "theirs"
+        await cache.close()
 
 
 # Counters and strings live under a-c, lists under x-z, as keys of one kind do in Parley.

@@ -38,17 +38,28 @@ def redis_answers(host: str, port: int) -> bool:
 
 
 class RedisServer:
-    """A private `redis-server` on a free port, started and stopped by the test."""
+    """A private `redis-server` on a free port, started and stopped by the test.
+
+    `kill` or `stop` ends it (its data goes with it: nothing is saved); `start` brings up an
+    empty one on the same port, as after a crash and a restart."""
 
     def __init__(self, workdir: Path) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; install it or set PARLEY_REDIS_URL")
+        self._binary = binary
+        self._workdir = workdir
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            return
         self._process = subprocess.Popen(
             [
-                binary,
+                self._binary,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -58,7 +69,7 @@ class RedisServer:
                 "--appendonly",
                 "no",
                 "--dir",
-                str(workdir),
+                str(self._workdir),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -70,14 +81,22 @@ class RedisServer:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.02)
 
+    def kill(self) -> None:
+        """Gone at once, as in a crash (SIGKILL): no goodbye to the clients."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
     def stop(self) -> None:
-        if self._process.poll() is None:
-            self._process.terminate()
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
             try:
-                self._process.wait(5)
+                process.wait(5)
             except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+                process.kill()
+                process.wait()
 
 
 @contextlib.contextmanager
