@@ -10,6 +10,7 @@ import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,7 @@ __all__ = [
     "DeliveryError",
     "Sender",
     "Sent",
+    "SentFinder",
     "deliver_parts",
     "keep_typing",
     "parse_retry_after",
@@ -27,9 +29,13 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """One part the provider accepted, with the id it gave it (Twilio `SM...`, Telegram id)."""
+    """One part the provider accepted, with the id it gave it (Twilio `SM...`, Telegram id).
+
+    ``status`` is the provider's delivery status when known (a look-up reports it).
+    """
 
     provider_message_id: str
+    status: str | None = None
 
 
 class DeliveryError(Exception):
@@ -41,6 +47,12 @@ class DeliveryError(Exception):
     slug (``timeout``, ``forbidden``). When a multi-part reply fails, ``part`` is the 1-based
     number of the failing part out of ``parts`` and ``sent`` lists the parts accepted before
     it, so a retry can resume with ``skip=len(sent)`` instead of sending them twice.
+
+    ``ambiguous`` says the request may have reached the provider and been accepted, only its
+    answer never arrived (a timeout after the request went out, a connection dropped while
+    waiting). Before such a part is sent again, a provider that can be asked (Twilio) is asked
+    whether it has it. An error the provider answered with, or a connection that was never
+    made, is not ambiguous: nothing was accepted.
     """
 
     def __init__(
@@ -50,6 +62,7 @@ class DeliveryError(Exception):
         code: str | None = None,
         permanent: bool = False,
         retry_after: float | None = None,
+        ambiguous: bool = False,
         sent: Sequence[Sent] = (),
         part: int | None = None,
         parts: int | None = None,
@@ -59,6 +72,7 @@ class DeliveryError(Exception):
         self.code = code
         self.permanent = permanent
         self.retry_after = retry_after
+        self.ambiguous = ambiguous
         self.sent: list[Sent] = list(sent)
         self.part = part
         self.parts = parts
@@ -70,6 +84,7 @@ class DeliveryError(Exception):
             code=self.code,
             permanent=self.permanent,
             retry_after=self.retry_after,
+            ambiguous=self.ambiguous,
             sent=sent,
             part=part,
             parts=parts,
@@ -78,7 +93,8 @@ class DeliveryError(Exception):
     def __repr__(self) -> str:
         return (
             f"DeliveryError({self.message!r}, code={self.code!r}, permanent={self.permanent}, "
-            f"retry_after={self.retry_after!r}, sent={len(self.sent)})"
+            f"retry_after={self.retry_after!r}, ambiguous={self.ambiguous}, "
+            f"sent={len(self.sent)})"
         )
 
 
@@ -92,6 +108,16 @@ class Sender(Protocol):
         deterministic, so the same text gives the same parts). Returns the parts sent now;
         raises `DeliveryError` at the first part that fails.
         """
+        ...
+
+
+class SentFinder(Protocol):
+    """A sender that can ask its provider which messages it accepted (Twilio can; Telegram's
+    Bot API has no such look-up)."""
+
+    async def find_sent(self, recipient: str, text: str, since: datetime) -> list[Sent]:
+        """The messages with body ``text`` (one part) the provider accepted for ``recipient``
+        from ``since`` on, oldest first; raises `DeliveryError` when it cannot be asked."""
         ...
 
 

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Awaitable
 from typing import TypeVar
 
+import httpx
 from telegram import Bot
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import (
@@ -21,6 +22,7 @@ from telegram.error import (
     TelegramError,
     TimedOut,
 )
+from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.citations import telegram_html
@@ -32,6 +34,19 @@ T = TypeVar("T")
 TELEGRAM_API = "https://api.telegram.org"
 MAX_TEXT_CHARS = 4096  # counted after entity parsing, so on the unescaped text
 TYPING_INTERVAL = 4.0  # a typing action shows for at most 5 s
+# The Bot API server answers sendMessage once Telegram has the message. Before that it waits
+# out flood-control and back-off delays itself, up to 8 s in all for a bot (TDLib's
+# NetQueryCreator: total_timeout_limit = 8 when the client is a bot; 60 s for users), and only
+# then answers 429. A client that gives up sooner, as python-telegram-bot's default 5 s read
+# timeout does, sees a timeout for a message that is then delivered, and a retry repeats it.
+SERVER_WAIT = 8.0
+# How long a send may take: well above SERVER_WAIT plus the round trips. The Bot API has no
+# look-up of sent messages, so a send that outlasts this is sent again (README: "What can be
+# lost or repeated"). Keep it below the outbox lease (60 s).
+SEND_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 10.0
+# A typing action is a courtesy that is repeated anyway: it never waits that long.
+TYPING_TIMEOUT = 5.0
 # Loggers whose records carry Bot API URLs, which contain the token.
 _LOGGERS_WITH_URLS = ("telegram.Bot", "httpx")
 # Errors no retry can fix, and the code each is reported with.
@@ -72,7 +87,7 @@ class TelegramSender:
         token: str,
         *,
         api_base: str = TELEGRAM_API,
-        timeout: float = 15.0,
+        timeout: float = SEND_TIMEOUT,
         typing_interval: float = TYPING_INTERVAL,
     ) -> None:
         self._token = token
@@ -91,7 +106,13 @@ class TelegramSender:
             # Before the Bot exists: it logs its URL, token included, when it is built.
             for name in _LOGGERS_WITH_URLS:
                 logging.getLogger(name).addFilter(self._redact)
-            self._bot = Bot(self._token, base_url=self._api_base + "/bot")
+            # PTB's own read timeout (5 s) would end a send long before ours; ours governs.
+            request = HTTPXRequest(
+                connect_timeout=min(CONNECT_TIMEOUT, self._timeout),
+                read_timeout=self._timeout,
+                write_timeout=self._timeout,
+            )
+            self._bot = Bot(self._token, base_url=self._api_base + "/bot", request=request)
         try:
             await self._bot.initialize()
         except TelegramError as exc:
@@ -118,7 +139,9 @@ class TelegramSender:
     async def typing(self, chat_id: str | int) -> None:
         """Show "typing..." in the chat for up to 5 seconds."""
         bot = await self.start()
-        await self._checked(bot.send_chat_action(chat_id, ChatAction.TYPING))
+        limit = min(TYPING_TIMEOUT, self._timeout)
+        action = bot.send_chat_action(chat_id, ChatAction.TYPING, read_timeout=limit)
+        await self._checked(action, within=limit)
 
     async def keep_typing(self, chat_id: str | int, until: asyncio.Event) -> None:
         """Show "typing..." until ``until`` is set (while an answer is being generated)."""
@@ -140,13 +163,13 @@ class TelegramSender:
             raise self._classify(exc) from None
         return Sent(str(message.message_id))
 
-    async def _timed(self, call: Awaitable[T]) -> T:
-        async with asyncio.timeout(self._timeout):
+    async def _timed(self, call: Awaitable[T], within: float | None = None) -> T:
+        async with asyncio.timeout(self._timeout if within is None else within):
             return await call
 
-    async def _checked(self, call: Awaitable[T]) -> T:
+    async def _checked(self, call: Awaitable[T], within: float | None = None) -> T:
         try:
-            return await self._timed(call)
+            return await self._timed(call, within)
         except (TelegramError, TimeoutError) as exc:
             raise self._classify(exc) from None
 
@@ -157,13 +180,22 @@ class TelegramSender:
         if isinstance(exc, RetryAfter):
             return DeliveryError(text, code="rate_limited", retry_after=_retry_after(exc))
         if isinstance(exc, TimedOut | TimeoutError):
-            return DeliveryError(text, code="timeout")
+            return DeliveryError(text, code="timeout", ambiguous=_may_have_arrived(exc))
         for kind, code in _PERMANENT.items():
             if isinstance(exc, kind):
                 return DeliveryError(text, code=code, permanent=True)
         if isinstance(exc, NetworkError):
-            return DeliveryError(text, code="network")
+            return DeliveryError(text, code="network", ambiguous=_may_have_arrived(exc))
         return DeliveryError(text, code="telegram_error")
+
+
+def _may_have_arrived(exc: Exception) -> bool:
+    """Whether Telegram may have the message although no answer came: anything but a
+    connection that was never made (or never taken from the pool). A 5xx answer from
+    Telegram's front end counts too: the Bot API server behind it may still have sent it."""
+    # PTB raises its errors from httpx's, the transport it is built on.
+    never_sent = httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
+    return not isinstance(exc.__cause__, never_sent)
 
 
 def _retry_after(exc: RetryAfter) -> float:

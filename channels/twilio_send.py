@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
-from twilio.base.exceptions import TwilioRestException, TwilioServiceException
+from twilio.base.exceptions import TwilioException, TwilioRestException, TwilioServiceException
 from twilio.http.async_http_client import AsyncTwilioHttpClient
 from twilio.http.response import Response
 from twilio.rest import Client
@@ -19,6 +22,13 @@ log = logging.getLogger(__name__)
 
 TWILIO_API = "https://api.twilio.com"
 MAX_BODY_CHARS = 1600
+# How far before an attempt's start a message found by a look-up may have been created: our
+# clock and Twilio's differ a little, and Twilio's dates are whole seconds.
+CLOCK_MARGIN = timedelta(seconds=60)
+# Messages a look-up reads at most (newest first). One chat's parts are sent one at a time,
+# so the one looked for is among the newest few sent to that customer since the attempt.
+LOOKUP_LIMIT = 200
+LOOKUP_PAGE_SIZE = 50
 
 # Twilio error codes that no retry can fix.
 PERMANENT_CODES = frozenset(
@@ -31,11 +41,37 @@ PERMANENT_CODES = frozenset(
     }
 )
 
-# Twilio's exceptions carry no headers: the HTTP client leaves Retry-After here for the send
-# that is waiting on it. A per-send dict, so concurrent sends cannot see each other's.
-_response_headers: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "twilio_response_headers", default=None
+
+@dataclass
+class _Exchange:
+    """What the HTTP client saw of one call, for the code waiting on it: whether the request
+    went out (a timeout after that may hide an accepted message) and, since Twilio's
+    exceptions carry no headers, the Retry-After of an error answer."""
+
+    request_sent: bool = False
+    retry_after: str | None = None
+
+
+# One per call, so concurrent sends cannot see each other's.
+_exchange: contextvars.ContextVar[_Exchange | None] = contextvars.ContextVar(
+    "twilio_exchange", default=None
 )
+
+
+async def _on_request_sent(
+    session: aiohttp.ClientSession,
+    context: SimpleNamespace,
+    params: aiohttp.TraceRequestHeadersSentParams,
+) -> None:
+    exchange = _exchange.get()
+    if exchange is not None:
+        exchange.request_sent = True
+
+
+def _tracing() -> aiohttp.TraceConfig:
+    config = aiohttp.TraceConfig()
+    config.on_request_headers_sent.append(_on_request_sent)
+    return config
 
 
 class _RebasedHttpClient(AsyncTwilioHttpClient):  # type: ignore[misc]  # twilio is untyped
@@ -43,12 +79,12 @@ class _RebasedHttpClient(AsyncTwilioHttpClient):  # type: ignore[misc]  # twilio
 
     twilio-python has no base-URL option, so the URL is rewritten here (that is how tests
     reach the fake server). It also applies a default timeout, which the library leaves
-    unlimited, sends the credentials as a header, and remembers the Retry-After header of an
-    error response.
+    unlimited, sends the credentials as a header, and notes for the waiting call whether its
+    request went out and the Retry-After header of an error response.
     """
 
     def __init__(self, api_base: str, timeout: float) -> None:
-        super().__init__(timeout=timeout)
+        super().__init__(timeout=timeout, trace_configs=[_tracing()])
         self._api_base = api_base.rstrip("/")
 
     async def request(
@@ -78,11 +114,9 @@ class _RebasedHttpClient(AsyncTwilioHttpClient):  # type: ignore[misc]  # twilio
             timeout=timeout if timeout is not None else self.timeout,
             allow_redirects=allow_redirects,
         )
-        sink = _response_headers.get()
-        if sink is not None and response.headers is not None:
-            retry_after = response.headers.get("Retry-After")
-            if retry_after is not None:
-                sink["Retry-After"] = retry_after
+        exchange = _exchange.get()
+        if exchange is not None and response.headers is not None:
+            exchange.retry_after = response.headers.get("Retry-After")
         return response
 
 
@@ -139,9 +173,57 @@ class TwilioSender:
         parts = split_message(text, self.limit)
         return await deliver_parts(parts, lambda part: self._send_part(recipient, part), skip=skip)
 
+    async def find_sent(self, recipient: str, text: str, since: datetime) -> list[Sent]:
+        """Messages with body ``text`` that Twilio accepted for ``recipient`` from this sender
+        since ``since``, oldest first: what became of a part whose answer never came.
+
+        Asks Twilio's Messages list, filtered by To, From and send date (whole days, as
+        Twilio's filter takes them), and matches the body and creation time here. A message
+        Twilio accepted but has not sent yet has no send date and is not found.
+        """
+        await self.start()
+        earliest = since.astimezone(UTC) - CLOCK_MARGIN
+        wanted = _normal_body(text)
+        exchange = _Exchange()
+        reset = _exchange.set(exchange)
+        try:
+            async with asyncio.timeout(self._timeout):
+                messages = await self._client.messages.list_async(
+                    to=recipient,
+                    from_=self._from,
+                    date_sent_after=earliest.strftime("%Y-%m-%d"),
+                    limit=LOOKUP_LIMIT,
+                    page_size=LOOKUP_PAGE_SIZE,
+                )
+        except TwilioException as exc:
+            raise _lookup_failed(exc, parse_retry_after(exchange.retry_after)) from exc
+        except TimeoutError as exc:
+            raise DeliveryError(
+                f"Twilio look-up: no answer within {self._timeout:g} s", code="timeout"
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise DeliveryError(
+                f"Twilio look-up: cannot reach Twilio: {type(exc).__name__}", code="connection"
+            ) from exc
+        finally:
+            _exchange.reset(reset)
+        found = [
+            m
+            for m in messages
+            if m.to == recipient
+            and m.from_ == self._from
+            and not str(m.direction or "").startswith("inbound")
+            and m.date_created is not None
+            and m.date_created >= earliest
+            and _normal_body(m.body) == wanted
+        ]
+        found.sort(key=lambda m: m.date_created)
+        log.debug("twilio.lookup.done", extra={"read": len(messages), "found": len(found)})
+        return [Sent(str(m.sid), status=None if m.status is None else str(m.status)) for m in found]
+
     async def _send_part(self, recipient: str, body: str) -> Sent:
-        headers: dict[str, str] = {}
-        reset = _response_headers.set(headers)
+        exchange = _Exchange()
+        reset = _exchange.set(exchange)
         try:
             async with asyncio.timeout(self._timeout):
                 message = await self._client.messages.create_async(
@@ -151,19 +233,45 @@ class TwilioSender:
                     status_callback=self._status_callback,
                 )
         except (TwilioRestException, TwilioServiceException) as exc:
-            raise _classify(exc, parse_retry_after(headers.get("Retry-After"))) from exc
-        except TimeoutError as exc:
-            raise DeliveryError(
-                f"no answer from Twilio within {self._timeout:g} s", code="timeout"
-            ) from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise DeliveryError(
-                f"cannot reach Twilio: {type(exc).__name__}", code="connection"
-            ) from exc
+            raise _classify(exc, parse_retry_after(exchange.retry_after)) from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _unanswered(exc, self._timeout, sent=exchange.request_sent) from exc
         finally:
-            _response_headers.reset(reset)
+            _exchange.reset(reset)
         log.debug("twilio.send.part_sent", extra={"provider_message_id": message.sid})
         return Sent(str(message.sid))
+
+
+def _normal_body(body: object) -> str:
+    # Twilio keeps the body as sent; our parts lose surrounding whitespace when split.
+    return str(body or "").replace("\r\n", "\n").strip()
+
+
+def _unanswered(exc: BaseException, timeout: float, *, sent: bool) -> DeliveryError:
+    """A call that got no answer. Once the request went out, Twilio may have accepted the
+    message and only its answer was lost: that is ambiguous, and a look-up settles it."""
+    if isinstance(exc, TimeoutError):  # aiohttp's own timeouts are TimeoutErrors too
+        message, code = f"no answer from Twilio within {timeout:g} s", "timeout"
+    else:
+        message, code = f"cannot reach Twilio: {type(exc).__name__}", "connection"
+    if sent:
+        message += " (the request went out: Twilio may have accepted it)"
+    return DeliveryError(message, code=code, ambiguous=sent)
+
+
+def _lookup_failed(exc: TwilioException, retry_after: float | None) -> DeliveryError:
+    # The list call raises the library's base exception with the HTTP response attached.
+    response = exc.args[1] if len(exc.args) > 1 else None
+    status = getattr(response, "status_code", None) or getattr(exc, "status", None)
+    if not isinstance(status, int):
+        return DeliveryError(f"Twilio look-up failed: {exc}", code="lookup_failed")
+    permanent = 400 <= status < 500 and status != 429
+    return DeliveryError(
+        f"Twilio look-up answered {status}",
+        code=f"lookup_{status}",
+        permanent=permanent,
+        retry_after=None if permanent else retry_after,
+    )
 
 
 def _classify(

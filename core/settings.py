@@ -121,12 +121,25 @@ class Settings(BaseSettings):
         None, validation_alias=_env("TELEGRAM_WEBHOOK_SECRET", "telegram_webhook_secret")
     )
     telegram_api_base: HttpUrl = "https://api.telegram.org"
+    # Seconds a send to Twilio / Telegram may take before it counts as unanswered (README:
+    # "What can be lost or repeated"); below the outbox lease (60 s). Telegram's stays above
+    # the 8 s its Bot API server may itself wait (flood control) before it answers.
+    twilio_send_timeout_seconds: float = Field(15.0, gt=0, le=50)
+    telegram_send_timeout_seconds: float = Field(30.0, gt=8, le=50)
     # Conversations one worker process answers at once (`parley worker --concurrency N`).
     worker_concurrency: int = Field(8, ge=1, le=256)
     # WhatsApp / Telegram messages of one chat this close together are answered as one turn.
     burst_window_seconds: float = Field(2.0, ge=0, le=60)
     # A message arriving while its chat's reply is made: drop that reply, answer both at once.
     redo_when_superseded: bool = True
+    # A WhatsApp / Telegram message whose answer keeps failing because a service is down (the
+    # model, PostgreSQL, Redis) is tried again, with back-off, for this long after it came in;
+    # then it is marked failed (staff can take it up again). Well inside WhatsApp's 24-hour
+    # window, so the late answer can still be sent as free text.
+    inbox_retry_hours: float = Field(6.0, gt=0, le=20)
+    # A customer still without an answer this long after writing is told, once per turn, that
+    # the answer is delayed (in their language); 0 never tells them.
+    holding_message_seconds: float = Field(30.0, ge=0, le=3600)
 
     # Scheduled jobs (core/jobs/scheduler.py): PARLEY_JOBS=off runs none in this process.
     jobs: bool = True
@@ -140,6 +153,11 @@ class Settings(BaseSettings):
     )
     # Conversations whose last message is older are deleted nightly; 0 keeps them forever.
     retention_days: int = Field(90, ge=0)
+
+    @property
+    def inbox_stuck_after(self) -> float:
+        """Seconds after which an unanswered messaging customer counts as kept waiting."""
+        return self.holding_message_seconds or 30.0
 
     @property
     def llm_configured(self) -> bool:

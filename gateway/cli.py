@@ -12,7 +12,17 @@ from core.errors import ParleyError
 from core.logcontext import configure_logging
 from core.settings import Settings, load_settings
 from core.store import open_database
-from gateway.commands import agents, answers, jobs, knowledge, search, serve, staff, telegram
+from gateway.commands import (
+    agents,
+    answers,
+    inbox,
+    jobs,
+    knowledge,
+    search,
+    serve,
+    staff,
+    telegram,
+)
 from gateway.runtime import Runtime, open_runtime
 from gateway.worker import run_worker
 
@@ -33,6 +43,7 @@ _RUNTIME_COMMANDS: dict[str, tuple[Command, bool]] = {
     "telegram": (telegram.run, False),
     "jobs": (jobs.run, True),
     "staff": (staff.run, False),
+    "inbox": (inbox.run, False),
 }
 
 
@@ -59,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     telegram.register(commands)
     jobs.register(commands)
     staff.register(commands)
+    inbox.register(commands)
     return parser
 
 

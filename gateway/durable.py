@@ -18,6 +18,7 @@ from core.jobs.outbox_sender import OutboxSender
 from core.llm.openai_chat import close_chat_model, open_chat_model
 from core.settings import Settings
 from core.store.agents import Agent, Agents
+from core.store.inbox import Backoff
 from gateway.runtime import Runtime
 
 AGENT_FRESH_SECONDS = 30.0
@@ -62,6 +63,8 @@ async def run_inbox_worker(runtime: Runtime) -> None:
             splitters=splitters,
             typing=typing,
             memory=pipeline.memory,
+            backoff=Backoff(limit=settings.inbox_retry_hours * 3600),
+            holding_after=settings.holding_message_seconds,
         ).run()
     finally:
         await pipeline.memory.drain(within=SUMMARY_DRAIN_SECONDS)
@@ -117,13 +120,18 @@ class AgentSenders:
                 sender_from,
                 api_base=str(settings.twilio_api_base),
                 status_callback=callback,
+                timeout=settings.twilio_send_timeout_seconds,
             )
         if channel == "telegram":
             bot = telegram_bot_token(agent, settings)
             if bot is None:
                 return None
             value = bot.get_secret_value()
-            return (value,), lambda: TelegramSender(value, api_base=str(settings.telegram_api_base))
+            return (value,), lambda: TelegramSender(
+                value,
+                api_base=str(settings.telegram_api_base),
+                timeout=settings.telegram_send_timeout_seconds,
+            )
         return None
 
     async def close(self) -> None:

@@ -46,6 +46,7 @@ RELATIVE_MARGIN = 0.08
 MAX_ROWS = 8  # a table or list longer than this is quoted by its matching rows only
 KEY_WORD_WEIGHT = 0.6
 TITLE_WORD_SHARE = 0.5
+COGNATE_SHARE = 0.6  # of the shorter word's letters, shared from the start
 HEADING_SHARE = 0.8  # a key word only in the piece's heading
 REGION_MATCH = 0.8  # "Other EU countries" for "Austria": the row, though not by name
 WANTED_FACT_WEIGHT = 0.35
@@ -135,7 +136,9 @@ _FACTS: dict[str, re.Pattern[str]] = {
     ),
     "duration": re.compile(
         r"\b(every|elke|iedere|alle|jede[nrs]?|chaque|tous les|cada|ogni)\b|"
-        r"\d\s*(?:[-–]\s*\d+\s*)?(?:working |business )?(days?|weeks?|hours?|werkdag(en)?|"
+        r"\d\s*(?:[-–]\s*\d+\s*)?(?:working |business )?(days?|weeks?|hours?|months?|years?|"
+        r"maand(en)?|jaar|jaren|monate?n?|jahre?n?|mois|ans|années|mes(es)?|años?|mesi|anni|"
+        r"werkdag(en)?|"
         r"dag(en)?|we(e)?k(en)?|uur|werktage?n?|tage?n?|wochen?|stunden?|jours?|semaines?|"
         r"heures?|días?|semanas?|horas?|giorni|settimane|ore)\b|next (working|business) day|"
         r"volgende werkdag|n[äa]chste[nr]? werktag|same day|dezelfde dag|am selben tag|"
@@ -175,13 +178,19 @@ _FACTS: dict[str, re.Pattern[str]] = {
     ),
     "person": re.compile(r"(?<!^)(?<![.!?]\s)\b[A-ZÀ-Þ][a-zß-ÿ]+\s+[A-ZÀ-Þ][a-zß-ÿ]+"),
     "size": re.compile(
-        r"\b(EU|UK|US)\W{0,3}\d|\d\s?(cm|mm|l|liter|litre)\b|\((cm|mm)\)|\b(XS|S|M|L|XL|XXL)\b"
+        r"\b(EU|UK|US)\W{0,3}\d|\d\s?(cm|mm|l|liters?|litres?|litern?|litri|litros)\b|\((cm|mm)\)|\b(XS|S|M|L|XL|XXL)\b"
     ),
     "weight": re.compile(r"\d\s?(g|kg|gram|grams|gramm)\b", re.I),
     "code": re.compile(r"\b[A-Z]{2,}-?\d{2,}|\b\d{6,}\b"),
     "contact": re.compile(r"@\w|\+?\d[\d\s()-]{7,}\d|\b\d{4}\s?[A-Z]{2}\b"),
     "colour": re.compile(r"\b(colou?rs?|kleuren?|farben?|couleurs?|colores|colori)\b", re.I),
 }
+# "We charge no fees", "geen transactiekosten": settles whether something costs extra.
+_NO_COST = re.compile(
+    r"\b(no|never|without|geen|zonder|keine?n?|ohne|sans|aucuns?|sin|ningún|senza|nessun)\b"
+    r"[^.;]{0,40}?(costs?|fees?|charges?|\w*kosten|\w*gebühren|frais|gastos|costi)\b",
+    re.I,
+)
 # Sentences that announce content rather than give it ("Below you can see ...").
 _FILLER = re.compile(
     r"\b(below|following|hereunder|on this page|see the table|as follows|read on|"
@@ -408,6 +417,22 @@ def _ranges(text: str) -> list[tuple[float, float]]:
     return out
 
 
+def _cognate(term: str, plain: set[str]) -> bool:
+    """A word of ``plain`` is ``term`` in another language: they share most of the shorter
+    one's letters from the start ("belgie", "belgium"), not just a first part ("wassersaule",
+    "wasserdicht")."""
+    for word in plain:
+        if word[:5] != term[:5]:
+            continue
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(word, term, strict=False)) if a != b),
+            min(len(word), len(term)),
+        )
+        if shared >= COGNATE_SHARE * min(len(word), len(term)):
+            return True
+    return False
+
+
 class _Matcher:
     """Whether a piece of text contains a question's key words, by stem or by a shared
     beginning across languages ("België", "Belgium", "Belgien")."""
@@ -432,7 +457,7 @@ class _Matcher:
         for term in self.terms:
             if term in plain or self.stems[term] in stems:
                 out[term] = 1.0
-            elif (len(term) >= 6 and term[:5] in prefixes) or (
+            elif (len(term) >= 6 and term[:5] in prefixes and _cognate(term, plain)) or (
                 len(term) >= 4 and any(w.startswith(term) for w in plain)
             ):
                 out[term] = 0.6  # a cognate, or the first part of a compound ("Raten" in
@@ -457,6 +482,12 @@ def _key_word_scores(
     Only the names of the question are left out so: "store" in "Contact and store" still
     tells the store's opening hours from other hours."""
     on_title = [set(matcher.found(title)) for title in titles]
+    subjects = [fold(subject_of(title)) for title in titles]
+
+    def section(sentence: Sentence) -> str:
+        # the page's main heading repeats its title: it sets no piece apart
+        own = fold(sentence.heading) != subjects[sentence.source]
+        return " ".join([sentence.heading if own else "", *sentence.header])
 
     def weigh(sentence: Sentence, term: str, value: float) -> float:
         if term not in on_title[sentence.source]:
@@ -465,7 +496,7 @@ def _key_word_scores(
             return 0.0  # the page is about the product: no piece says more of it
         # the page's own topic tells little about which piece answers, unless the piece's
         # section or column names it too ("Store opening hours" on "Contact and store")
-        return value if term in matcher.found(_context(sentence)) else value * TITLE_WORD_SHARE
+        return value if term in matcher.found(section(sentence)) else value * TITLE_WORD_SHARE
 
     def held(sentence: Sentence) -> dict[str, float]:
         # a word of the piece itself says more than one of its section's heading
@@ -510,6 +541,8 @@ def _wanted(question: Question, text: str, heading: str = "") -> bool:
     days"), or a number under a heading that names the kind ("Gewicht", "Opening hours")."""
     if any(kind in _FACTS and _FACTS[kind].search(text) for kind in question.wants):
         return True
+    if question.yes_no and "price" in question.wants and _NO_COST.search(text):
+        return True  # "Do you charge extra for PayPal?" - "We never charge a fee"
     return (
         bool(heading)
         and any(c.isdigit() for c in text)
@@ -696,7 +729,7 @@ def _choose(
     singles out (or all of a short block asked for as a whole), then close runners-up."""
     candidates = [i for i, s in enumerate(scored.sentences) if s.source in pages]
     wanted = [i for i in candidates if scored.wanted[i] and scored.scores[i] >= floor]
-    if question.wants and wanted:
+    if question.wants and wanted and not question.yes_no:
         # "How much is it?" is answered by a price when the page has one; a table or list
         # that holds the kind of fact stays whole (a row may say it in words: "next day")
         tables = {scored.sentences[i].block for i in wanted if scored.sentences[i].header}
@@ -869,7 +902,7 @@ async def extractive_answer(
         missing = _missing(question, matcher, all_text)
         if missing is None:
             opening = _yes_no(question, picked, matcher)
-        elif members := _best_list(scored, page, min_similarity):
+        elif members := _best_list(scored, page, min_similarity / 2):
             # "Can I pay with Bitcoin?" and a list of the ways to pay without it: no
             opening = phrase("not_listed", language, thing=missing)
             picked = [sentences[i] for i in members]

@@ -48,6 +48,20 @@ _PHRASES: _Table = MappingProxyType(
             "es": "No, {thing} no está entre ellos.",
             "it": "No, {thing} non è tra questi.",
         },
+        # Sent once when a messaging customer has waited too long because a service is down;
+        # the answer follows when it is back.
+        "holding": {
+            "en": "We're having trouble answering right now; we'll reply here as soon as we can.",
+            "nl": "We kunnen op dit moment even niet antwoorden; we reageren hier zo snel "
+            "mogelijk.",
+            "de": "Wir können gerade nicht antworten; wir melden uns hier, sobald wir können.",
+            "fr": "Nous avons du mal à répondre pour le moment ; nous vous répondrons ici dès "
+            "que possible.",
+            "es": "Ahora mismo tenemos problemas para responder; le contestaremos aquí en cuanto "
+            "podamos.",
+            "it": "Al momento abbiamo difficoltà a rispondere; le risponderemo qui appena "
+            "possibile.",
+        },
     }
 )
 

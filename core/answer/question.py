@@ -35,7 +35,8 @@ _CHATTER = frozenset(
 # The kind of fact a question wants, recognised by words in any of our languages.
 _WANTS: dict[str, re.Pattern[str]] = {
     "price": re.compile(
-        r"\b(how much|price|prices|priced|cost|costs|expensive|cheap|pay for|"
+        r"\b(how much|price|prices|priced|cost|costs|expensive|cheap|pay for|charge|charges|"
+        r"fee|fees|surcharge|toeslag|gebühr|gebühren|aufpreis|zuschlag|frais|recargo|"
         r"kost|kosten|kosten|prijs|prijzen|duur|goedkoop|hoeveel kost|"
         r"kostet|preis|preise|teuer|günstig|wie viel kostet|wieviel kostet|"
         r"combien|prix|coûte|coût|cher|cuánto cuesta|cuánto vale|precio|cuesta|caro|"
@@ -111,7 +112,8 @@ _WANTS: dict[str, re.Pattern[str]] = {
         r"\b(phone|call|telephone|e-?mail|address|reach you|contact|"
         r"where is|where are|waar is|waar zit|wo ist|wo seid|où est|où se trouve|dónde está|"
         r"dove si trova|dov'è|"
-        r"telefoon|telefoonnummer|bellen|adres|bereiken|telefon|anrufen|adresse|erreichen|"
+        r"telefoon|telefoonnummer|bellen|adres|bereiken|telefon|telefonnummer|rufnummer|"
+        r"anrufen|adresse|erreichen|"
         r"téléphone|joindre|teléfono|dirección|correo|telefono|indirizzo)\b"
     ),
 }
@@ -129,6 +131,7 @@ _YES_NO_START = re.compile(
     r"^\s*(is|are|am|do|does|did|can|could|will|would|should|shall|may|might|have|has|"
     r"kan|kun|kunt|kunnen|mag|mogen|moet|is|zijn|ben|heb|hebt|hebben|heeft|doen|doet|wordt|"
     r"worden|zit|zitten|gaat|verzenden|versturen|leveren|accepteren|verkopen|bieden|"
+    r"rekenen|rekent|berekenen|berekent|vragen|vraagt|berechnet|berechnen|verlangt|verlangen|"
     r"kann|kannst|können|könnt|darf|dürfen|muss|ist|sind|bin|gibt|habt|haben|hat|wird|"
     r"werden|liefert|liefern|versendet|versenden|akzeptiert|akzeptieren|nehmt|nehmen|"
     r"verkauft|verkaufen|bietet|bieten|est-ce|puis-je|peut-on|peux|pouvez|acceptez|"
@@ -183,8 +186,17 @@ def wanted_kinds(text: str) -> frozenset[str]:
     """The kinds of fact a text asks for or names ("how much" -> price, "Gewicht" -> weight)."""
     lowered = text.casefold()
     kinds = {kind for kind, pattern in _WANTS.items() if pattern.search(lowered)}
+    for word in _WORD.findall(lowered):
+        # the last part of a compound names the kind: "Komforttemperatur", "verzendkosten"
+        for start in range(3, len(word) - 4):
+            tail = word[start:]
+            kinds.update(
+                kind for kind, pattern in _WANTS.items()
+                if (m := pattern.match(tail)) is not None and m.end() == len(tail)
+            )  # fmt: skip
     if "contact" in kinds:
         kinds.discard("place")  # "where is your store?" wants the address
+        kinds.discard("code")  # a phone number is no product code
     return frozenset(kinds)
 
 
@@ -206,6 +218,7 @@ def _stop_words(language: str) -> frozenset[str]:
 
 
 _GUESSABLE = ("en", "nl", "de", "fr", "es", "it")
+SURE_WITHOUT_FUNCTION_WORDS = 0.7
 # English function words (the Snowball stemmer project's list).
 _ENGLISH = frozenset(
     """i me my myself we our ours ourselves you your yours yourself yourselves he him his
@@ -247,7 +260,10 @@ def guess_language(text: str) -> str | None:
     if top >= 0.99 and top > second + 1e-9:
         return best
     if top == 0:
-        return None
+        # no function words ("Öffnungszeiten Laden?"): the letters decide, when they are
+        # clear about it
+        language, probability = _identifier(_GUESSABLE).classify(text)
+        return str(language) if probability >= SURE_WITHOUT_FUNCTION_WORDS else None
     # function words shared by two languages ("Was kostet die ...?"): the rest of the
     # words decide, among the languages those function words allow
     candidates = [lang for lang, count in ranked if count >= top - 1e-9]
@@ -297,7 +313,7 @@ def is_yes_no(text: str) -> bool:
 
 _NAME = re.compile(
     r"(?<![\w-])(?:[A-Z][\w-]*\d[\w-]*|[A-Z]{2,}[\w-]*|"
-    r"[A-ZÀ-Þ][a-zß-ÿ]+(?:[ -](?:[A-Z][\w+]+|\d[\w+]*))*)"
+    r"[A-ZÀ-Þ][a-zß-ÿ]+(?:[A-ZÀ-Þ][a-zß-ÿ]+)*(?:[ -](?:[A-Z][\w+]+|\d[\w+]*))*)(?!\w)"
 )
 
 

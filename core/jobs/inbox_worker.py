@@ -7,6 +7,11 @@ A claim is a lease: a worker that dies mid-turn leaves its rows 'processing' unt
 ends, then another worker takes them. The reply parts and the rows' 'done' are written in one
 transaction, and a worker whose lease was taken over writes nothing, so each burst gets
 exactly one reply.
+
+A turn that fails because a service is down (the model, PostgreSQL, Redis) is tried again
+with exponential back-off until it succeeds or its time limit passes; only errors that no
+retry can mend end a row at once. A customer still waiting after ``holding_after`` seconds
+is told once, through the outbox like any reply, that the answer is delayed.
 """
 
 from __future__ import annotations
@@ -15,16 +20,32 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import asyncpg
+import pydantic
+import redis.exceptions
 
+from core.answer.phrases import phrase
 from core.answer.pipeline import AnswerPipeline, SourceRef
+from core.answer.question import guess_language
+from core.errors import ParleyError, Unavailable
+from core.knowledge.locale import detect_language
 from core.memory import ConversationMemory
 from core.store.agents import Agents
 from core.store.conversations import Conversations, TurnRecord, discard_turn, reply_message_id
 from core.store.handoff import HandoffStore
-from core.store.inbox import InboxClaim, InboxLeases, InboxRow, complete, newer_waiting, put_back
+from core.store.inbox import (
+    Backoff,
+    Holding,
+    InboxClaim,
+    InboxLeases,
+    InboxRow,
+    complete,
+    hold,
+    newer_waiting,
+    put_back,
+)
 from core.store.outbox import enqueue
 from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
 
@@ -71,6 +92,35 @@ TEXT_ONLY_REPLIES: Mapping[str, str] = {
 DEFAULT_WELCOME = "Hi! Ask me anything and I will do my best to help."
 MEDIA_QUESTION = "[media]"  # what the conversation shows for a message without text
 
+# Failures of a service that is down or overloaded: the same turn may well work later.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    Unavailable,
+    TimeoutError,
+    OSError,  # connection refused or reset
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up, cancelled
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.TransactionRollbackError,  # deadlock, serialization failure
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+# Failures no retry can mend: the message itself cannot be answered.
+_PERMANENT: tuple[type[BaseException], ...] = (ParleyError, pydantic.ValidationError)
+# Longest pause of the claiming loop while the database cannot be reached.
+_MAX_LOOP_PAUSE = 30.0
+
+FailureKind = Literal["transient", "permanent", "unexpected"]
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """Whether a failed turn is worth trying again: ``transient`` (a service was down; tried
+    until the time limit), ``permanent`` (never), ``unexpected`` (a bug, perhaps: a few times)."""
+    if isinstance(exc, _TRANSIENT):
+        return "transient"
+    if isinstance(exc, _PERMANENT):
+        return "permanent"
+    return "unexpected"
+
 
 class _LeaseLost(Exception):
     """Another worker took the rows over after this worker's lease ended."""
@@ -97,6 +147,11 @@ class InboxWorker:
     the end (core imports no channel, so the gateway passes e.g.
     ``channels.citations.ReplyParts(1600)`` for WhatsApp); without one the reply is a single
     part, without sources.
+
+    A failed turn goes back to waiting: after a transient failure with ``backoff``, until its
+    time limit; after an unexpected one likewise, but for ``max_attempts`` tries in all; after
+    a permanent one it fails at once. ``holding_after`` seconds after a message came in
+    without an answer, the customer gets the holding sentence once (0: never).
     """
 
     def __init__(
@@ -114,6 +169,8 @@ class InboxWorker:
         typing: Mapping[str, TypingIndicator] | None = None,
         redo_when_superseded: bool = True,
         memory: ConversationMemory | None = None,
+        backoff: Backoff | None = None,
+        holding_after: float = 30.0,
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
@@ -132,24 +189,46 @@ class InboxWorker:
         self._redo = redo_when_superseded
         # The pipeline's memory: canned turns saved here, and turns taken back, reach it too.
         self._memory = memory
+        self._backoff = backoff or Backoff()
+        self._holding_after = holding_after
 
     async def run(self) -> None:
-        """Claim and answer until cancelled; a cancelled turn's rows wait for their lease."""
+        """Claim and answer until cancelled; a cancelled turn's rows wait for their lease.
+
+        The loop outlives a database outage: it pauses longer each time the database
+        cannot be reached, and carries on once it can.
+        """
         tasks: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        # Each step backs off on its own: failing holding messages must not slow the answers.
+        pause, holding_pause, holding_due = self._poll, self._poll, loop.time()
         try:
             while True:
-                while len(tasks) < self._concurrency:
-                    claim = await self._claim()
-                    if claim is None:
-                        break
-                    task = asyncio.create_task(self._answer(claim))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                await asyncio.sleep(self._poll)
+                if loop.time() >= holding_due:
+                    if await _survived("holding", self.send_holding_messages()):
+                        holding_pause = self._poll
+                    else:
+                        holding_pause = min(holding_pause * 2, _MAX_LOOP_PAUSE)
+                        holding_due = loop.time() + holding_pause
+                if await _survived("claim", self._claim_into(tasks)):
+                    pause = self._poll
+                else:
+                    pause = min(pause * 2, _MAX_LOOP_PAUSE)
+                await asyncio.sleep(pause)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _claim_into(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Claim conversations and start answering them, up to ``concurrency`` at once."""
+        while len(tasks) < self._concurrency:
+            claim = await self._claim()
+            if claim is None:
+                return
+            task = asyncio.create_task(self._answer(claim))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     async def process_next(self) -> bool:
         """Claim one conversation and answer it now; False when none is ready."""
@@ -171,28 +250,16 @@ class InboxWorker:
         holder: list[InboxClaim] = [claim]
         stop = asyncio.Event()
         heartbeat = asyncio.create_task(self._keep_lease(holder, stop))
-        indicator = self._typing.get(first.channel)
-        if indicator is not None and await self._with_staff(first):
-            indicator = None  # staff answer in their own time: the bot shows no "typing..."
-        answered = asyncio.Event()
-        typing = (
-            asyncio.create_task(indicator(first.conversation_key, answered))
-            if indicator is not None
-            else None
-        )
         try:
-            reply = await self._reply_while_typing(claim, answered, typing)
+            reply = await self._reply_while_typing(claim)
         except asyncio.CancelledError:
             # The rows stay 'processing'; once the lease runs out another worker takes them.
             heartbeat.cancel()
             raise
         except Exception as exc:
-            log.warning(
-                "inbox.turn.failed channel=%s inbox_id=%d error=%r", first.channel, first.id, exc
-            )
             stop.set()
             await heartbeat
-            await self._release(holder[0], str(exc) or repr(exc))
+            await self._release(holder[0], exc)
             return
         stop.set()
         await heartbeat  # not cancelled: a renewal in flight must land in `holder`
@@ -208,6 +275,15 @@ class InboxWorker:
         except _LeaseLost:
             log.warning("inbox.claim.lost channel=%s inbox_id=%d", first.channel, first.id)
             return
+        except Exception as exc:
+            # Nothing was queued: once the lease ends the messages are answered again.
+            log.warning(
+                "inbox.turn.unfinished channel=%s inbox_id=%d error=%r",
+                first.channel,
+                first.id,
+                exc,
+            )
+            return
         log.info(
             "inbox.turn.answered channel=%s inbox_id=%d messages=%d",
             first.channel,
@@ -219,9 +295,17 @@ class InboxWorker:
         state = await self._handoff.state(row.agent_id, row.channel, row.conversation_key)
         return state is not None and state.held
 
-    async def _reply_while_typing(
-        self, claim: InboxClaim, answered: asyncio.Event, typing: asyncio.Task[None] | None
-    ) -> _Reply:
+    async def _reply_while_typing(self, claim: InboxClaim) -> _Reply:
+        first = claim.first
+        indicator = self._typing.get(first.channel)
+        if indicator is not None and await self._with_staff(first):
+            indicator = None  # staff answer in their own time: the bot shows no "typing..."
+        answered = asyncio.Event()
+        typing = (
+            asyncio.create_task(indicator(first.conversation_key, answered))
+            if indicator is not None
+            else None
+        )
         try:
             return await self._reply(claim)
         finally:
@@ -238,7 +322,12 @@ class InboxWorker:
                 return
             except TimeoutError:
                 pass
-            renewed = await self._leases.renew(holder[0], self._lease)
+            try:
+                renewed = await self._leases.renew(holder[0], self._lease)
+            except Exception as exc:
+                # Perhaps the database is away for a moment; the next renewal may work.
+                log.warning("inbox.lease.renew_failed error=%r", exc)
+                continue
             if renewed is None:
                 return
             holder[0] = renewed
@@ -267,7 +356,8 @@ class InboxWorker:
         )
         outcome = await self._pipeline.run(request, CollectingTurnOutput())
         if outcome.error is not None:
-            raise RuntimeError(outcome.error)
+            # The model failed or said nothing: it may well answer on a later try.
+            raise Unavailable(f"the answer could not be generated ({outcome.error})")
         answered_in = None
         if outcome.sources:
             # The turn has just saved the conversation's language: the one the answer is in.
@@ -365,14 +455,81 @@ class InboxWorker:
                 await discard_turn(conn, reply.turn_id)
         return True
 
-    async def _release(self, claim: InboxClaim, error: str) -> None:
-        await self._leases.release(claim, error, self._max_attempts)
+    async def _release(self, claim: InboxClaim, exc: Exception) -> None:
+        """The claimed rows back to waiting with back-off, or failed, as the error deserves."""
+        first = claim.first
+        kind = failure_kind(exc)
+        attempts = max(r.attempts for r in claim.rows) + 1
+        spent = kind == "unexpected" and attempts >= self._max_attempts
+        retry = None if kind == "permanent" or spent else self._backoff
+        try:
+            failed = await self._leases.release(claim, str(exc) or repr(exc), retry)
+        except Exception as again:
+            # The rows stay leased; once the lease ends another try takes them.
+            log.warning(
+                "inbox.release.failed channel=%s inbox_id=%d error=%r turn_error=%r",
+                first.channel,
+                first.id,
+                again,
+                exc,
+            )
+            return
+        # A bug (unexpected) is logged with its traceback, a service that is down without.
+        log.log(
+            logging.ERROR if kind == "unexpected" else logging.WARNING,
+            "inbox.turn.failed channel=%s inbox_id=%d kind=%s attempts=%d given_up=%d error=%r",
+            first.channel,
+            first.id,
+            kind,
+            attempts,
+            failed,
+            exc,
+            exc_info=exc if kind == "unexpected" else None,
+        )
+
+    # -- holding messages -----------------------------------------------------------------
+
+    async def send_holding_messages(self) -> int:
+        """Tell each customer waiting longer than ``holding_after`` seconds, once per turn,
+        that the answer is delayed; the message is queued like a reply. Returns how many."""
+        if self._holding_after <= 0:
+            return 0
+        sent = 0
+        for conversation in await self._leases.overdue(self._holding_after):
+            agent = await self._agents.by_id(conversation.agent_id)
+            async with self._pool.acquire() as conn, conn.transaction():
+                holding = await hold(conn, conversation, self._holding_after)
+                if holding is None:
+                    continue
+                language = _holding_language(holding, agent.default_language)
+                text = phrase("holding", language)
+                split = self._splitters.get(conversation.channel)
+                parts = split(text, (), language=language) if split else [text]
+                await enqueue(
+                    conn,
+                    agent_id=conversation.agent_id,
+                    channel=conversation.channel,
+                    recipient=conversation.conversation_key,
+                    parts=[p for p in parts if p.strip()],
+                    conversation_id=holding.conversation_id,
+                )
+            sent += 1
+            log.info(
+                "inbox.holding.queued channel=%s inbox_id=%d language=%s",
+                conversation.channel,
+                holding.rows[0].id,
+                language,
+            )
+        return sent
 
 
 def _text(row: InboxRow) -> str:
+    return message_text(row.channel, row.payload)
+
+
+def message_text(channel: str, payload: Mapping[str, Any]) -> str:
     """The visitor's text in a stored delivery ('' for media without a caption)."""
-    payload = row.payload
-    if row.channel == "telegram":
+    if channel == "telegram":
         message = payload.get("message")
         if isinstance(message, Mapping):
             value = message.get("text") or message.get("caption") or ""
@@ -380,6 +537,36 @@ def _text(row: InboxRow) -> str:
         return ""
     body = payload.get("Body")
     return body.strip() if isinstance(body, str) else ""
+
+
+async def _survived(step: str, work: Coroutine[Any, Any, object]) -> bool:
+    """Run one step of the loop; False (and logged) when it failed, say on a lost database."""
+    try:
+        await work
+    except Exception as exc:
+        if failure_kind(exc) == "transient":
+            log.warning("inbox.poll.failed step=%s error=%r", step, exc)
+        else:
+            log.exception("inbox.poll.failed step=%s", step)
+        return False
+    return True
+
+
+def _holding_language(holding: Holding, default: str) -> str:
+    """What the customer wrote in, else the conversation's language so far, else their
+    Telegram setting, else the agent's."""
+    written = "\n".join(t for row in holding.rows if (t := _text(row)) and not _is_start(t))
+    found = (detect_language(written) or guess_language(written)) if written else None
+    if found:
+        return found
+    if holding.conversation_language:
+        return holding.conversation_language
+    message = holding.rows[-1].payload.get("message")
+    if isinstance(message, Mapping):
+        sender = message.get("from")
+        if isinstance(sender, Mapping) and sender.get("language_code"):
+            return _base_language(str(sender["language_code"]))
+    return default
 
 
 def _is_start(text: str) -> bool:

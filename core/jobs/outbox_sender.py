@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 import asyncpg
@@ -29,6 +30,16 @@ class PartSender(Protocol):
     async def send(self, recipient: str, text: str) -> Sequence[SentPart]: ...
 
 
+@runtime_checkable
+class SentFinder(Protocol):
+    """A sender that can ask its provider which messages it accepted (`TwilioSender`)."""
+
+    async def find_sent(self, recipient: str, text: str, since: datetime) -> Sequence[SentPart]:
+        """Messages with body ``text`` accepted for ``recipient`` since ``since``, oldest
+        first; raises (like `DeliveryFailure`) when the provider cannot be asked."""
+        ...
+
+
 class SenderDirectory(Protocol):
     """Finds the sender for an agent's channel (each agent may have its own account)."""
 
@@ -43,6 +54,11 @@ class DeliveryFailure(Protocol):
     code: str | None
     permanent: bool
     retry_after: float | None
+    ambiguous: bool
+
+
+# Delivery states a found message may already be in, past plain 'sent'.
+_LATER_STATES = frozenset({"delivered", "read", "failed", "undelivered"})
 
 
 class OutboxSender:
@@ -52,6 +68,18 @@ class OutboxSender:
     sends it again. Permanent refusals fail the part with the provider's code; anything else
     is retried with exponential backoff (never sooner than the provider's ``retry_after``)
     until ``max_attempts`` claims have been spent.
+
+    An attempt that failed ambiguously (no answer after the request went out) or whose sender
+    died leaves the part unconfirmed. Before such a part is sent again, a channel that can be
+    asked (`SentFinder`: Twilio) is asked whether it has the message; if so its id is adopted
+    and nothing is sent. A failed look-up is tried again with the same backoff; after
+    ``max_lookups`` failures in a row (or a refusal, or when the attempts run out) the part is
+    sent again instead, because a reply seen twice does less harm than a reply never seen and
+    an unsettled part holds up the chat's later replies. Channels without a look-up
+    (Telegram) send the part again without asking.
+
+    Every send and look-up must give up well within ``lease`` seconds, or another sender
+    could take the part while it is still being sent.
     """
 
     def __init__(
@@ -65,6 +93,7 @@ class OutboxSender:
         base_backoff: float = 2.0,
         max_backoff: float = 600.0,
         max_attempts: int = 8,
+        max_lookups: int = 3,
     ) -> None:
         self._outbox = Outbox(pool)
         self._senders = senders
@@ -74,6 +103,7 @@ class OutboxSender:
         self._base_backoff = base_backoff
         self._max_backoff = max_backoff
         self._max_attempts = max_attempts
+        self._max_lookups = max_lookups
 
     async def run(self) -> None:
         """Send until cancelled."""
@@ -99,6 +129,10 @@ class OutboxSender:
             log.error("outbox.send.no_sender channel=%s outbox_id=%d", row.channel, row.id)
             await self._outbox.mark_failed(row.id, "no_sender", f"no sender for {row.channel}")
             return
+        if row.unconfirmed_since is not None and await self._settled(
+            row, sender, row.unconfirmed_since
+        ):
+            return
         try:
             sent = await sender.send(row.recipient, row.body)
         except Exception as exc:
@@ -114,16 +148,89 @@ class OutboxSender:
             row.attempts,
         )
 
-    async def _failed(self, row: OutboxRow, exc: Exception) -> None:
+    async def _settled(self, row: OutboxRow, sender: PartSender, since: datetime) -> bool:
+        """For a part an earlier attempt may have delivered: True when nothing is to be sent
+        now, because the provider has it (its id is adopted) or the look-up is to be retried."""
+        if not isinstance(sender, SentFinder):
+            log.info(
+                "outbox.send.unconfirmed_resend channel=%s outbox_id=%d reason=no_lookup",
+                row.channel,
+                row.id,
+            )
+            return False
+        try:
+            found = await sender.find_sent(row.recipient, row.body, since)
+        except Exception as exc:
+            return await self._lookup_failed(row, exc)
+        ids = [part.provider_message_id for part in found]
+        taken = await self._outbox.recorded(row.channel, row.recipient, ids) if ids else set()
+        for part in found:
+            if part.provider_message_id in taken:
+                continue
+            provider_id = part.provider_message_id
+            await self._outbox.mark_sent(row.id, provider_id)
+            # Delivery reports sent before the id was known found no row: take the state now.
+            status = getattr(part, "status", None)
+            if status in _LATER_STATES:
+                await self._outbox.record_status(row.channel, provider_id, status, None)
+            log.info(
+                "outbox.send.adopted channel=%s outbox_id=%d part=%d attempts=%d",
+                row.channel,
+                row.id,
+                row.part,
+                row.attempts,
+            )
+            return True
+        log.info("outbox.send.not_found channel=%s outbox_id=%d", row.channel, row.id)
+        return False
+
+    async def _lookup_failed(self, row: OutboxRow, exc: Exception) -> bool:
+        code, message, permanent, retry_after = self._describe(row, exc)
+        if permanent or row.lookups + 1 >= self._max_lookups or row.attempts >= self._max_attempts:
+            # Waiting longer would hold up the chat's later replies for a look-up that keeps
+            # failing; a part seen twice does less harm than a part never seen.
+            log.warning(
+                "outbox.send.unconfirmed_resend channel=%s outbox_id=%d reason=lookup_failed "
+                "code=%s lookups=%d",
+                row.channel,
+                row.id,
+                code,
+                row.lookups + 1,
+            )
+            return False
+        delay = self._backoff(row, retry_after)
+        await self._outbox.retry_lookup(row.id, delay, code, f"look-up failed: {message}")
+        log.info(
+            "outbox.send.lookup_retry channel=%s outbox_id=%d code=%s lookups=%d delay=%.2f",
+            row.channel,
+            row.id,
+            code,
+            row.lookups + 1,
+            delay,
+        )
+        return True
+
+    def _describe(
+        self, row: OutboxRow, exc: Exception
+    ) -> tuple[str | None, str, bool, float | None]:
+        """Code, message, permanence and retry-after of a failure."""
         if isinstance(exc, DeliveryFailure):
-            code, message = exc.code, exc.message
-            permanent, retry_after = exc.permanent, exc.retry_after
-        else:
-            # Not a classified delivery error: a bug or an unexpected library error. Retried,
-            # since giving up on a reply over a glitch is worse than a bounded retry.
-            log.exception("outbox.send.unexpected channel=%s outbox_id=%d", row.channel, row.id)
-            code, message, permanent, retry_after = "error", type(exc).__name__, False, None
+            return exc.code, exc.message, exc.permanent, exc.retry_after
+        # Not a classified delivery error: a bug or an unexpected library error. Retried,
+        # since giving up on a reply over a glitch is worse than a bounded retry.
+        log.exception("outbox.send.unexpected channel=%s outbox_id=%d", row.channel, row.id)
+        return "error", type(exc).__name__, False, None
+
+    def _backoff(self, row: OutboxRow, retry_after: float | None) -> float:
+        delay: float = min(self._base_backoff * 2 ** (row.attempts - 1), self._max_backoff)
+        return delay if retry_after is None else max(delay, retry_after)
+
+    async def _failed(self, row: OutboxRow, exc: Exception) -> None:
+        code, message, permanent, retry_after = self._describe(row, exc)
+        ambiguous = isinstance(exc, DeliveryFailure) and exc.ambiguous
         if permanent or row.attempts >= self._max_attempts:
+            if ambiguous:
+                message += "; the provider may have accepted the last attempt"
             await self._outbox.mark_failed(row.id, code, message)
             log.warning(
                 "outbox.send.failed channel=%s outbox_id=%d code=%s attempts=%d permanent=%s",
@@ -134,15 +241,18 @@ class OutboxSender:
                 permanent,
             )
             return
-        delay = min(self._base_backoff * 2 ** (row.attempts - 1), self._max_backoff)
-        if retry_after is not None:
-            delay = max(delay, retry_after)
-        await self._outbox.reschedule(row.id, delay, code, message)
+        delay = self._backoff(row, retry_after)
+        # An ambiguous attempt may have been accepted: the next one asks first. Otherwise any
+        # earlier doubt was settled before this attempt (found nothing, or gave up asking).
+        since = row.attempt_started_at if ambiguous else None
+        await self._outbox.reschedule(row.id, delay, code, message, unconfirmed_since=since)
         log.info(
-            "outbox.send.retry channel=%s outbox_id=%d code=%s attempts=%d delay=%.2f",
+            "outbox.send.retry channel=%s outbox_id=%d code=%s attempts=%d delay=%.2f "
+            "unconfirmed=%s",
             row.channel,
             row.id,
             code,
             row.attempts,
             delay,
+            ambiguous,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -28,13 +28,75 @@ class InboxRow:
 
 _COLUMNS = ", ".join(InboxRow.__dataclass_fields__)
 _CANDIDATES = 50
+_OPEN = "status IN ('pending', 'processing')"
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How a turn that failed on a service that was down is tried again.
+
+    The n-th retry waits ``base * 2**(n-1)`` seconds, at most ``cap``, times a random factor
+    between 0.5 and 1 (so rows that failed together do not all return at once). A row that
+    has waited ``limit`` seconds since it came in (or was taken up again) fails instead.
+    """
+
+    base: float = 1.0
+    cap: float = 120.0
+    limit: float = 6 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRef:
+    agent_id: int
+    channel: str
+    conversation_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A conversation whose customer is to be told to hold on, once, now."""
+
+    rows: tuple[InboxRow, ...]  # its open messages, oldest first
+    conversation_id: int | None
+    conversation_language: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TroubledRow:
+    """A message staff should know about: failed, or waiting longer than it should."""
+
+    id: int
+    agent_id: int
+    agent: str  # the agent's slug
+    channel: str
+    conversation_key: str
+    conversation_id: int | None
+    payload: Mapping[str, Any]
+    status: str
+    attempts: int
+    error: str | None
+    received_at: datetime
+    next_attempt_at: datetime
+    requeued_at: datetime | None
+    holding_sent_at: datetime | None
+    processed_at: datetime | None
 
 
 def _claimable(alias: str) -> str:
-    """Waiting, or held under a lease that ran out (its worker died)."""
+    """Waiting and due (not backing off after a failure), or held under a lease that ran out
+    (its worker died)."""
     return (
-        f"({alias}.status = 'pending'"
+        f"(({alias}.status = 'pending' AND {alias}.next_attempt_at <= now())"
         f" OR ({alias}.status = 'processing' AND {alias}.lease_until < now()))"
+    )
+
+
+def _busy(alias: str) -> str:
+    """Being answered, or backing off after a failure: the conversation waits as a whole, so
+    a newer message is never answered before an older one."""
+    return (
+        f"(({alias}.status = 'processing' AND {alias}.lease_until >= now())"
+        f" OR ({alias}.status = 'pending' AND {alias}.next_attempt_at > now()))"
     )
 
 
@@ -59,7 +121,8 @@ class InboxClaim:
 
 
 class Inbox:
-    """Adds deliveries idempotently; the workers that claim and answer them live elsewhere."""
+    """Adds deliveries idempotently, and shows staff what is stuck or failed and takes it up
+    again; the workers that claim and answer them live elsewhere."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
@@ -101,6 +164,59 @@ class Inbox:
         )
         return [InboxRow(**dict(r)) for r in rows]
 
+    async def troubled(
+        self,
+        *,
+        stuck_after: float,
+        failed: bool = True,
+        stuck: bool = True,
+        agent_id: int | None = None,
+        limit: int = 200,
+    ) -> list[TroubledRow]:
+        """Failed messages, and open ones that failed before or have waited longer than
+        ``stuck_after`` seconds; newest first."""
+        rows = await self._pool.fetch(
+            """SELECT i.id, i.agent_id, a.slug AS agent, i.channel, i.conversation_key,
+                      c.id AS conversation_id, i.payload, i.status, i.attempts, i.error,
+                      i.received_at, i.next_attempt_at, i.requeued_at, i.holding_sent_at,
+                      i.processed_at
+                 FROM inbox i
+                 JOIN agents a ON a.id = i.agent_id
+                 LEFT JOIN conversations c ON c.agent_id = i.agent_id AND c.channel = i.channel
+                                          AND c.conversation_key = i.conversation_key
+                WHERE ($1::bigint IS NULL OR i.agent_id = $1)
+                  AND (($2 AND i.status = 'failed')
+                       OR ($3 AND i.status IN ('pending', 'processing')
+                           AND (i.attempts > 0 OR coalesce(i.requeued_at, i.received_at)
+                                                  < now() - make_interval(secs => $4))))
+                ORDER BY i.received_at DESC, i.id DESC
+                LIMIT $5""",
+            agent_id,
+            failed,
+            stuck,
+            stuck_after,
+            limit,
+        )
+        return [TroubledRow(**dict(r)) for r in rows]
+
+    async def retry(self, ids: Sequence[int] | None = None, *, agent_id: int | None = None) -> int:
+        """Take messages up again now: failed ones (counting their time limit and attempts
+        afresh) and ones backing off after a failure. Without ``ids``, every such message
+        (of ``agent_id``'s, when given). Returns how many."""
+        result = await self._pool.execute(
+            """UPDATE inbox
+                  SET requeued_at = CASE WHEN status = 'failed' THEN now() ELSE requeued_at END,
+                      attempts = CASE WHEN status = 'failed' THEN 0 ELSE attempts END,
+                      status = 'pending', next_attempt_at = now(), lease_until = NULL,
+                      processed_at = NULL
+                WHERE (status = 'failed' OR (status = 'pending' AND next_attempt_at > now()))
+                  AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))
+                  AND ($2::bigint IS NULL OR agent_id = $2)""",
+            list(ids) if ids is not None else None,
+            agent_id,
+        )
+        return int(result.split()[-1])
+
 
 class InboxLeases:
     """Claims waiting conversations under a lease and settles them; the lease is the fence.
@@ -116,8 +232,10 @@ class InboxLeases:
         """The oldest conversation whose newest waiting message is ``quiet_for`` seconds old."""
         async with self._pool.acquire() as conn, conn.transaction():
             # The oldest open messages of conversations that are ready: quiet for the burst
-            # window and not being answered. Walking the received_at index stops after
-            # _CANDIDATES rows, so a claim costs the same however long the backlog is.
+            # window, not being answered and not backing off. Walking the received_at index
+            # stops after _CANDIDATES ready rows, so a claim costs the same however long the
+            # backlog of ready rows is; rows backing off after an outage are stepped over on
+            # the way, a cost that ends with the outage.
             candidates = await conn.fetch(
                 f"""SELECT agent_id, channel, conversation_key FROM (
                         SELECT i.agent_id, i.channel, i.conversation_key, i.received_at
@@ -128,7 +246,7 @@ class InboxLeases:
                                 WHERE n.agent_id = i.agent_id AND n.channel = i.channel
                                   AND n.conversation_key = i.conversation_key
                                   AND n.status IN ('pending', 'processing')
-                                  AND ((n.status = 'processing' AND n.lease_until >= now())
+                                  AND ({_busy("n")}
                                        OR ({_claimable("n")} AND n.received_at
                                            > now() - make_interval(secs => $1))))
                          ORDER BY i.received_at
@@ -163,19 +281,103 @@ class InboxLeases:
         )
         return None if renewed is None else InboxClaim(claim.rows, renewed)
 
-    async def release(self, claim: InboxClaim, error: str, max_attempts: int) -> None:
-        """A failed turn: back to pending for another try, or failed for good."""
-        await self._pool.execute(
-            """UPDATE inbox SET attempts = attempts + 1, lease_until = NULL, error = $3,
-                                status = CASE WHEN attempts + 1 >= $4 THEN 'failed'
-                                              ELSE 'pending' END,
-                                processed_at = CASE WHEN attempts + 1 >= $4 THEN now() END
-                WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2""",
+    async def release(self, claim: InboxClaim, error: str, retry: Backoff | None) -> int:
+        """A failed turn: its rows wait ``retry``'s back-off and are tried again, or (without
+        ``retry``, or past its time limit) fail for good. Returns how many failed."""
+        failed = await self._pool.fetchval(
+            """WITH pause AS (
+                   SELECT least($5::float8, $4::float8 * power(2, least(max(attempts), 30)))
+                          * (0.5 + random() / 2) AS secs
+                     FROM inbox WHERE id = ANY($1::bigint[])),
+               settled AS (
+                   UPDATE inbox
+                      SET attempts = attempts + 1, lease_until = NULL, error = $3,
+                          status = CASE WHEN $4 IS NULL OR coalesce(requeued_at, received_at)
+                                             < now() - make_interval(secs => $6)
+                                        THEN 'failed' ELSE 'pending' END,
+                          processed_at = CASE WHEN $4 IS NULL OR coalesce(requeued_at, received_at)
+                                                   < now() - make_interval(secs => $6)
+                                              THEN now() END,
+                          next_attempt_at = now() + make_interval(secs => coalesce(pause.secs, 0))
+                     FROM pause
+                    WHERE id = ANY($1::bigint[]) AND status = 'processing' AND lease_until = $2
+                RETURNING status)
+               SELECT count(*) FILTER (WHERE status = 'failed') FROM settled""",
             claim.ids,
             claim.lease_until,
             error[:500],
-            max_attempts,
+            retry.base if retry is not None else None,
+            retry.cap if retry is not None else 0.0,
+            retry.limit if retry is not None else 0.0,
         )
+        return int(failed or 0)
+
+    async def overdue(self, after: float, limit: int = 20) -> list[ConversationRef]:
+        """Conversations with a message waiting ``after`` seconds (since it came in, or was
+        taken up again) whose customer has not been told to hold on."""
+        rows = await self._pool.fetch(
+            """SELECT DISTINCT agent_id, channel, conversation_key FROM (
+                   SELECT agent_id, channel, conversation_key FROM inbox
+                    WHERE status IN ('pending', 'processing') AND holding_sent_at IS NULL
+                      AND received_at < now() - make_interval(secs => $1)
+                      AND coalesce(requeued_at, received_at) < now() - make_interval(secs => $1)
+                    ORDER BY received_at
+                    LIMIT $2) overdue""",
+            after,
+            limit,
+        )
+        return [ConversationRef(r["agent_id"], r["channel"], r["conversation_key"]) for r in rows]
+
+
+async def hold(conn: Connection, conversation: ConversationRef, after: float) -> Holding | None:
+    """Inside the caller's transaction: the conversation's open messages, marked as told to
+    hold on, when the holding message is due now; None when it went out before for these
+    messages (the newer ones are then marked as covered by it) or is not due.
+
+    Once per waiting turn: a message that arrives while the customer has been told to hold
+    on is answered in the same turn, so it needs no holding message of its own.
+    """
+    key = f"inbox-holding:{conversation.agent_id}:{conversation.channel}"
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        f"{key}:{conversation.conversation_key}",
+    )
+    where = f"agent_id = $1 AND channel = $2 AND conversation_key = $3 AND {_OPEN}"
+    state = await conn.fetchrow(
+        f"""SELECT bool_or(holding_sent_at IS NOT NULL) AS told,
+                   bool_or(coalesce(requeued_at, received_at)
+                           < now() - make_interval(secs => $4)) AS due
+              FROM inbox WHERE {where}""",
+        conversation.agent_id,
+        conversation.channel,
+        conversation.conversation_key,
+        after,
+    )
+    if state is None or not (state["told"] or state["due"]):
+        return None
+    rows = await conn.fetch(
+        f"""UPDATE inbox SET holding_sent_at = now()
+             WHERE {where} AND holding_sent_at IS NULL
+         RETURNING {_COLUMNS}""",
+        conversation.agent_id,
+        conversation.channel,
+        conversation.conversation_key,
+    )
+    if state["told"]:
+        return None
+    found = await conn.fetchrow(
+        """SELECT id, language FROM conversations
+            WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3""",
+        conversation.agent_id,
+        conversation.channel,
+        conversation.conversation_key,
+    )
+    ordered = sorted((InboxRow(**dict(r)) for r in rows), key=lambda r: (r.received_at, r.id))
+    return Holding(
+        tuple(ordered),
+        found["id"] if found else None,
+        found["language"] if found else None,
+    )
 
 
 async def complete(conn: Connection, claim: InboxClaim) -> bool:
@@ -230,9 +432,9 @@ async def _claim_conversation(
     if not locked:
         return None
     busy = await conn.fetchval(
-        """SELECT EXISTS (SELECT 1 FROM inbox
+        f"""SELECT EXISTS (SELECT 1 FROM inbox
             WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
-              AND status = 'processing' AND lease_until >= now())""",
+              AND status IN ('pending', 'processing') AND {_busy("inbox")})""",
         agent_id,
         channel,
         key,

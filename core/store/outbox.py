@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -25,7 +26,17 @@ class OutboxRow:
     provider_message_id: str | None
     error_code: str | None
     error_message: str | None
+    # When the latest attempt was claimed.
+    attempt_started_at: datetime | None
+    # Set while an earlier attempt may have been accepted without its answer reaching us: when
+    # the earliest such attempt began. Before sending again, ask the provider from then on.
+    unconfirmed_since: datetime | None
+    # Look-ups of an unconfirmed part that failed in a row.
+    lookups: int
 
+
+# A part left 'sending' by a sender that died may have reached the provider: from when.
+_DIED_MID_SEND = "COALESCE(outbox.unconfirmed_since, outbox.attempt_started_at, outbox.created_at)"
 
 _COLUMNS = ", ".join(OutboxRow.__dataclass_fields__)
 
@@ -73,6 +84,9 @@ class Outbox:
         expired (the sender died). A row waits while an earlier row for the same chat is still
         unsent, so parts (and replies) go out in order. ``attempts`` counts claims, so a sender
         that keeps dying on a row still gives up on it in the end.
+
+        A claim records when the attempt began (``attempt_started_at``). A row taken back from
+        a sender that died while sending it becomes unconfirmed: that sender may have sent it.
         """
         rows = await self._pool.fetch(
             f"""WITH due AS (
@@ -88,7 +102,11 @@ class Outbox:
                      LIMIT $1
                      FOR UPDATE SKIP LOCKED)
                 UPDATE outbox SET status = 'sending', attempts = outbox.attempts + 1,
-                                  lease_until = now() + make_interval(secs => $2)
+                                  lease_until = now() + make_interval(secs => $2),
+                                  attempt_started_at = now(),
+                                  unconfirmed_since = CASE WHEN outbox.status = 'sending'
+                                                           THEN {_DIED_MID_SEND}
+                                                           ELSE outbox.unconfirmed_since END
                   FROM due WHERE outbox.id = due.id
                 RETURNING {", ".join("outbox." + c for c in OutboxRow.__dataclass_fields__)}""",
             limit,
@@ -97,13 +115,30 @@ class Outbox:
         return sorted((OutboxRow(**dict(r)) for r in rows), key=lambda r: r.id)
 
     async def mark_sent(self, row_id: int, provider_message_id: str) -> None:
+        """Accepted by the provider under ``provider_message_id`` (sent now, or found sent by
+        a look-up after an attempt whose answer never came)."""
         await self._pool.execute(
             """UPDATE outbox SET status = 'sent', provider_message_id = $2, sent_at = now(),
-                                 lease_until = NULL, error_code = NULL, error_message = NULL
+                                 lease_until = NULL, error_code = NULL, error_message = NULL,
+                                 unconfirmed_since = NULL, lookups = 0
                 WHERE id = $1""",
             row_id,
             provider_message_id,
         )
+
+    async def recorded(
+        self, channel: str, recipient: str, provider_message_ids: Sequence[str]
+    ) -> set[str]:
+        """Which of these provider ids already belong to a part of this chat (a look-up must
+        not adopt a message another part was recorded with)."""
+        rows = await self._pool.fetch(
+            """SELECT provider_message_id FROM outbox
+                WHERE channel = $1 AND recipient = $2 AND provider_message_id = ANY($3::text[])""",
+            channel,
+            recipient,
+            list(provider_message_ids),
+        )
+        return {r["provider_message_id"] for r in rows}
 
     async def record_status(
         self, channel: str, provider_message_id: str, status: str, error_code: str | None
@@ -134,12 +169,40 @@ class Outbox:
             message,
         )
 
-    async def reschedule(self, row_id: int, delay: float, code: str | None, message: str) -> None:
-        """Back to pending, due again in ``delay`` seconds (the attempt was counted at claim)."""
+    async def reschedule(
+        self,
+        row_id: int,
+        delay: float,
+        code: str | None,
+        message: str,
+        *,
+        unconfirmed_since: datetime | None = None,
+    ) -> None:
+        """Back to pending, due again in ``delay`` seconds (the attempt was counted at claim).
+
+        ``unconfirmed_since``: the attempt that failed may have been accepted all the same
+        (its start), so the next one asks the provider first; None when nothing is in doubt.
+        """
         await self._pool.execute(
             """UPDATE outbox SET status = 'pending', lease_until = NULL,
                                  next_attempt_at = now() + make_interval(secs => $2),
-                                 error_code = $3, error_message = $4
+                                 error_code = $3, error_message = $4,
+                                 unconfirmed_since = $5, lookups = 0
+                WHERE id = $1""",
+            row_id,
+            delay,
+            code,
+            message,
+            unconfirmed_since,
+        )
+
+    async def retry_lookup(self, row_id: int, delay: float, code: str | None, message: str) -> None:
+        """The look-up of an unconfirmed part failed: due again in ``delay`` seconds, still
+        unconfirmed, one failed look-up more."""
+        await self._pool.execute(
+            """UPDATE outbox SET status = 'pending', lease_until = NULL,
+                                 next_attempt_at = now() + make_interval(secs => $2),
+                                 error_code = $3, error_message = $4, lookups = lookups + 1
                 WHERE id = $1""",
             row_id,
             delay,
@@ -171,9 +234,11 @@ class Outbox:
 
     async def release_expired_leases(self) -> int:
         """Rows left 'sending' by a sender that died back to 'pending', due now, so that
-        staff see them as waiting; `claim` would also take them, but only while a sender runs."""
+        staff see them as waiting; `claim` would also take them, but only while a sender runs.
+        They are unconfirmed: the sender may have sent them before it died."""
         result = await self._pool.execute(
-            """UPDATE outbox SET status = 'pending', lease_until = NULL, next_attempt_at = now()
-                WHERE status = 'sending' AND lease_until < now()"""
+            f"""UPDATE outbox SET status = 'pending', lease_until = NULL, next_attempt_at = now(),
+                                  unconfirmed_since = {_DIED_MID_SEND}
+                 WHERE status = 'sending' AND lease_until < now()"""
         )
         return int(result.split()[-1])

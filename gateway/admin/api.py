@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from channels.web import WRITING_RULE, SseTurnOutput, parse_body
 from core.answer.escalation import validate_handoff_settings
 from core.errors import InvalidInput
+from core.jobs.inbox_worker import message_text
 from core.knowledge.sources import SourceSpec
 from core.store.agents import Agent
 from core.store.transcripts import ConversationFilter
@@ -409,6 +410,63 @@ async def staff_reply(call: Call) -> s.StaffMessageOut:
     await call.admin.transcripts.row(conversation_id)
     message_id = await call.admin.handoff.reply(conversation_id, body.text, call.staff.label)
     return s.StaffMessageOut(message_id=message_id)
+
+
+# -- the inbox ------------------------------------------------------------------------------
+
+
+@operation(
+    "GET",
+    "/inbox",
+    "WhatsApp and Telegram messages that failed, or wait too long for their answer",
+    "inbox",
+    query=s.InboxQuery,
+    response=s.InboxList,
+)
+async def list_inbox(call: Call) -> s.InboxList:
+    """Newest first. A stuck message failed a try and waits to be tried again (a service
+    was down), or has waited longer than the holding delay; a failed one was given up on."""
+    query: s.InboxQuery = call.query
+    agent_id = (await call.admin.agents.get(query.agent)).id if query.agent else None
+    rows = await call.admin.inbox.troubled(
+        stuck_after=call.admin.inbox_stuck_after,
+        failed=query.state != "stuck",
+        stuck=query.state != "failed",
+        agent_id=agent_id,
+        limit=query.limit,
+    )
+    items = [
+        s.InboxMessageOut(
+            id=row.id,
+            agent=row.agent,
+            channel=row.channel,
+            customer=row.conversation_key,
+            conversation_id=row.conversation_id,
+            text=message_text(row.channel, row.payload),
+            status=row.status,  # type: ignore[arg-type]  # only open or failed rows are listed
+            attempts=row.attempts,
+            error=row.error,
+            received_at=row.received_at,
+            next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
+            holding_sent_at=row.holding_sent_at,
+            failed_at=row.processed_at if row.status == "failed" else None,
+        )
+        for row in rows
+    ]
+    return s.InboxList(items=items, stuck_after_seconds=call.admin.inbox_stuck_after)
+
+
+@operation(
+    "POST",
+    "/inbox/retry",
+    "Answer failed messages, or those waiting to be tried again, now",
+    "inbox",
+    body=s.InboxRetryBody,
+    response=s.InboxRetriedOut,
+)
+async def retry_inbox(call: Call) -> s.InboxRetriedOut:
+    body: s.InboxRetryBody = call.body
+    return s.InboxRetriedOut(retried=await call.admin.inbox.retry(body.ids))
 
 
 # -- content gaps ---------------------------------------------------------------------------

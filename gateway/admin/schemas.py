@@ -292,6 +292,50 @@ class StaffMessageOut(Out):
     message_id: int
 
 
+# -- the inbox ------------------------------------------------------------------------------
+
+
+class InboxQuery(Query):
+    state: Literal["failed", "stuck"] | None = Field(
+        None,
+        description="failed: given up on; stuck: still waiting, after a failed try or for "
+        "longer than the holding delay; both when unset",
+    )
+    agent: str | None = Field(None, description="an agent's slug")
+    limit: int = Field(200, ge=1, le=1000)
+
+
+class InboxMessageOut(Out):
+    id: int
+    agent: str
+    channel: str
+    customer: str = Field(description="the channel's id of the chat (phone number, chat id)")
+    conversation_id: int | None
+    text: str = Field(description="what the customer wrote ('' for media without a caption)")
+    status: Literal["pending", "processing", "failed"]
+    attempts: int
+    error: str | None = Field(description="why the last try failed")
+    received_at: datetime
+    next_attempt_at: datetime | None = Field(description="when it is tried again (pending)")
+    holding_sent_at: datetime | None = Field(
+        description="when the customer was told the answer is delayed"
+    )
+    failed_at: datetime | None
+
+
+class InboxList(Out):
+    items: list[InboxMessageOut]
+    stuck_after_seconds: float
+
+
+class InboxRetryBody(Body):
+    ids: list[int] = Field(min_length=1, max_length=5000, description="inbox message ids")
+
+
+class InboxRetriedOut(Out):
+    retried: int = Field(description="messages taken up again (failed or backing off)")
+
+
 # -- content gaps ---------------------------------------------------------------------------
 
 

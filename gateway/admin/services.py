@@ -16,6 +16,7 @@ from core.store.agents import Agents
 from core.store.answer_checks import AnswerChecks
 from core.store.curated import CuratedAnswers
 from core.store.gaps import ContentGaps
+from core.store.inbox import Inbox
 from core.store.knowledge import KnowledgeStore
 from core.store.staff import StaffAccounts, StaffSessions
 from core.store.transcripts import Transcripts
@@ -37,6 +38,9 @@ class AdminServices:
     checks: AnswerChecks
     handoff: Handoff
     embedder: Embedder
+    inbox: Inbox
+    # An unanswered messaging customer waiting this long (seconds) is listed as stuck.
+    inbox_stuck_after: float
 
     @classmethod
     def build(
@@ -62,6 +66,8 @@ class AdminServices:
             checks=AnswerChecks(pool),
             handoff=handoff,
             embedder=embedder,
+            inbox=Inbox(pool),
+            inbox_stuck_after=settings.inbox_stuck_after,
         )
 
     async def close(self) -> None:

@@ -71,6 +71,8 @@ class FakeOpenAI:
     failures: list[int] = field(default_factory=list)
     # The same for the chat route, with `error_message` as the error's text.
     chat_failures: list[int] = field(default_factory=list)
+    # While set, every chat request is answered with this status (an outage); None: healthy.
+    chat_down_with: int | None = None
     error_message: str = "The server had an error while processing your request."
     replies: dict[str, list[str]] = field(default_factory=dict)
     responder: Responder | None = None
@@ -157,6 +159,8 @@ class FakeOpenAI:
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if self.chat_failures:
             return _error(self.chat_failures.pop(0), self.error_message)
+        if self.chat_down_with is not None:
+            return _error(self.chat_down_with, self.error_message)
         if not body.get("model") or not isinstance(body.get("messages"), list):
             return _error(400, "model and messages are required")
         if self.hang:

@@ -71,6 +71,10 @@ def _json_param(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
 def _flag(value: Any) -> bool:
     return str(value).lower() == "true"
 
@@ -88,6 +92,9 @@ class FakeTelegram:
     action_fail_next: list[Failure | tuple[Any, ...]] = field(default_factory=list)
     succeed_first: int = 0  # messages to accept before `fail_next` is served
     blocked: set[int] = field(default_factory=set)
+    # Accepted messages are recorded at once but answered this many seconds later (or not at
+    # all when the client has gone by then): an answer lost after Telegram took the message.
+    answer_late_by: float = 0.0
     # The webhook as setWebhook left it: {"url", "secret_token", "allowed_updates",
     # "max_connections", "drop_pending_updates"}; None when there is none.
     webhook: dict[str, Any] | None = None
@@ -157,7 +164,13 @@ class FakeTelegram:
         }.get(method.lower())
         if handler is None:
             return _error(Failure(404, "Not Found"))
-        return handler(params)
+        response = handler(params)
+        if method.lower() == "sendmessage" and response.status == 200 and self.answer_late_by:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.answer_late_by
+            while loop.time() < deadline and not _gone(request):
+                await asyncio.sleep(0.01)
+        return response
 
     def _user(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,5 @@
-"""A local Twilio Messages API: `POST /2010-04-01/Accounts/{Sid}/Messages.json`, scriptable."""
+"""A local Twilio Messages API, scriptable: `POST /2010-04-01/Accounts/{Sid}/Messages.json`
+sends, `GET` on the same path lists (filtered by To, From and DateSent, newest first, paged)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import binascii
 import email.utils
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import Any, NamedTuple
+from urllib.parse import urlencode
 
 from aiohttp import web
 
@@ -16,6 +19,7 @@ MAX_BODY = 1600
 _POLL = 0.01
 
 _MESSAGES = {
+    20001: "Invalid parameter",
     20003: "Authenticate",
     20404: "The requested resource was not found",
     20429: "Too Many Requests",
@@ -68,14 +72,24 @@ class FakeTwilio:
     fail_next: list[Failure | tuple[Any, ...]] = field(default_factory=list)
     succeed_first: int = 0  # messages to accept before `fail_next` is served
     hang: bool = False  # requests are never answered (until the client gives up)
-    # Accepted messages, in order: {"sid", "to", "from", "body", "status_callback", "status"}.
+    # Accepted messages are recorded at once but answered this many seconds later (or not at
+    # all when the client has gone by then): an answer lost after Twilio accepted the message.
+    answer_late_by: float = 0.0
+    # Failures served to list requests (`Failure`s or tuples), one each, before lists succeed.
+    fail_list_next: list[Failure | tuple[Any, ...]] = field(default_factory=list)
+    # Accepted messages, in order: {"sid", "to", "from", "body", "status_callback", "status",
+    # "date_created", "date_sent"} (datetimes in UTC, whole seconds, as Twilio keeps them;
+    # the fake sends a message the moment it accepts it).
     messages: list[dict[str, Any]] = field(default_factory=list)
     # Every request to the Messages route, accepted or not: {"form", "status", "code"}.
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # Every list request: its query parameters ({"To", "From", "DateSent>", "PageSize", ...}).
+    lists: list[dict[str, str]] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/2010-04-01/Accounts/{sid}/Messages.json", self._create)
+        app.router.add_get("/2010-04-01/Accounts/{sid}/Messages.json", self._list)
         return app
 
     @property
@@ -98,16 +112,22 @@ class FakeTwilio:
         self.requests.append({"form": form, "status": response.status, "code": code})
         return response
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        if not self._authorized(request):
+            return _error(401, 20003)
+        if request.match_info["sid"] != self.account_sid:
+            return _error(404, 20404)
+        return None
+
     async def _create(self, request: web.Request) -> web.StreamResponse:
         form = {k: str(v) for k, v in (await request.post()).items()}
         if self.hang:
-            while request.transport is not None and not request.transport.is_closing():
-                await asyncio.sleep(_POLL)
+            await _until_gone(request, None)
             return self._answer(form, web.Response(status=499), None)
-        if not self._authorized(request):
-            return self._answer(form, _error(401, 20003), 20003)
-        if request.match_info["sid"] != self.account_sid:
-            return self._answer(form, _error(404, 20404), 20404)
+        refused = self._refused(request)
+        if refused is not None:
+            code = {401: 20003, 404: 20404}[refused.status]
+            return self._answer(form, refused, code)
         if self.fail_next and len(self.messages) >= self.succeed_first:
             failure = Failure(*self.fail_next.pop(0))
             headers = {"Retry-After": failure.retry_after} if failure.retry_after else None
@@ -118,40 +138,133 @@ class FakeTwilio:
                 return self._answer(form, _error(400, code), code)
         if len(form["Body"]) > MAX_BODY:
             return self._answer(form, _error(400, 21617), 21617)
-        now = email.utils.formatdate(usegmt=True)
-        sid = _sid("SM")
-        message = {
+        now = datetime.now(UTC).replace(microsecond=0)
+        record = {
+            "sid": _sid("SM"),
+            "to": form["To"],
+            "from": form["From"],
+            "body": form["Body"],
+            "status_callback": form.get("StatusCallback"),
+            "status": "queued",
+            "date_created": now,
+            "date_sent": now,
+        }
+        self.messages.append(record)
+        # The create answer shows the message as just queued: not sent yet.
+        message = {**self._resource(record), "date_sent": None}
+        if self.answer_late_by > 0:
+            await _until_gone(request, self.answer_late_by)
+        return self._answer(form, web.json_response(message, status=201), None)
+
+    def _resource(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A message as Twilio's JSON shows it."""
+        sid = record["sid"]
+        created = email.utils.format_datetime(record["date_created"], usegmt=True)
+        sent = record["date_sent"]
+        return {
             "account_sid": self.account_sid,
             "api_version": "2010-04-01",
-            "body": form["Body"],
-            "date_created": now,
-            "date_sent": None,
-            "date_updated": now,
+            "body": record["body"],
+            "date_created": created,
+            "date_sent": None if sent is None else email.utils.format_datetime(sent, usegmt=True),
+            "date_updated": created,
             "direction": "outbound-api",
             "error_code": None,
             "error_message": None,
-            "from": form["From"],
+            "from": record["from"],
             "messaging_service_sid": None,
             "num_media": "0",
             "num_segments": "1",
             "price": None,
             "price_unit": "USD",
             "sid": sid,
-            "status": "queued",
+            "status": record["status"],
             "subresource_uris": {
                 "media": f"/2010-04-01/Accounts/{self.account_sid}/Messages/{sid}/Media.json"
             },
-            "to": form["To"],
+            "to": record["to"],
             "uri": f"/2010-04-01/Accounts/{self.account_sid}/Messages/{sid}.json",
         }
-        self.messages.append(
-            {
-                "sid": sid,
-                "to": form["To"],
-                "from": form["From"],
-                "body": form["Body"],
-                "status_callback": form.get("StatusCallback"),
-                "status": "queued",
-            }
-        )
-        return self._answer(form, web.json_response(message, status=201), None)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        """Messages newest first (by send date; unsent ones last), filtered and paged the way
+        Twilio does: ``To``, ``From``, ``DateSent`` / ``DateSent>`` / ``DateSent<`` (a day,
+        or a day and time), ``PageSize`` (default 50), ``Page`` with its ``PageToken``."""
+        query = {k: str(v) for k, v in request.query.items()}
+        self.lists.append(query)
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        if self.fail_list_next:
+            failure = Failure(*self.fail_list_next.pop(0))
+            headers = {"Retry-After": failure.retry_after} if failure.retry_after else None
+            return _error(failure.status, failure.code, headers)
+        try:
+            size = min(int(query.get("PageSize", "50")), 1000)
+            page = int(query.get("Page", "0"))
+            bounds = {key: _when(query[key]) for key in _DATE_FILTERS if key in query}
+        except ValueError:
+            return _error(400, 20001)
+        found = [
+            m
+            for m in self.messages
+            if query.get("To", m["to"]) == m["to"]
+            and query.get("From", m["from"]) == m["from"]
+            and all(_date_matches(m["date_sent"], key, bound) for key, bound in bounds.items())
+        ]
+        oldest = datetime.min.replace(tzinfo=UTC)
+        found.sort(key=lambda m: m["date_sent"] or oldest, reverse=True)
+        chunk = found[page * size : (page + 1) * size]
+        path = f"/2010-04-01/Accounts/{self.account_sid}/Messages.json"
+        kept = {k: v for k, v in query.items() if k not in ("Page", "PageToken", "PageSize")}
+
+        def uri(number: int, token: str | None = None) -> str:
+            params = {**kept, "PageSize": str(size), "Page": str(number)}
+            if token is not None:
+                params["PageToken"] = token
+            return f"{path}?{urlencode(params)}"
+
+        more = len(found) > (page + 1) * size
+        body = {
+            "end": page * size + max(len(chunk) - 1, 0),
+            "first_page_uri": uri(0),
+            "messages": [self._resource(m) for m in chunk],
+            "next_page_uri": uri(page + 1, "PA" + chunk[-1]["sid"]) if more else None,
+            "page": page,
+            "page_size": size,
+            "previous_page_uri": uri(page - 1, "PB" + chunk[0]["sid"]) if page and chunk else None,
+            "start": page * size,
+            "uri": uri(page, query.get("PageToken")),
+        }
+        return web.json_response(body)
+
+
+_DATE_FILTERS = ("DateSent", "DateSent>", "DateSent<")
+
+
+def _when(value: str) -> date | datetime:
+    """A DateSent filter value: ``YYYY-MM-DD``, or with a time (as twilio-python sends it)."""
+    if "T" in value:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return date.fromisoformat(value)
+
+
+def _date_matches(sent: datetime | None, key: str, bound: date | datetime) -> bool:
+    if sent is None:  # not sent yet: no send date to filter on
+        return False
+    value: date | datetime = sent if isinstance(bound, datetime) else sent.date()
+    if key == "DateSent>":
+        return value >= bound
+    if key == "DateSent<":
+        return value <= bound
+    return value == bound
+
+
+async def _until_gone(request: web.Request, seconds: float | None) -> None:
+    """Wait ``seconds`` (None: for ever), or until the client has closed the connection."""
+    loop = asyncio.get_running_loop()
+    deadline = None if seconds is None else loop.time() + seconds
+    while request.transport is not None and not request.transport.is_closing():
+        if deadline is not None and loop.time() >= deadline:
+            return
+        await asyncio.sleep(_POLL)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 
+from core.store.embedded import USERS_FILE
 from core.store.migrate import bundled_migrations
 from tests.support.cli import PARLEY, clean_env, run_parley, wait_until_up
 from tests.support.services import free_port
@@ -32,6 +33,17 @@ def _postgres_running_in(pgdata: Path) -> bool:
         if proc.info["name"] == "postgres" and str(pgdata) in " ".join(proc.info["cmdline"] or []):
             return True
     return False
+
+
+def _stop_postgres_in(pgdata: Path) -> None:
+    found = [
+        proc
+        for proc in psutil.process_iter(attrs=["name", "cmdline"])
+        if proc.info["name"] == "postgres" and str(pgdata) in " ".join(proc.info["cmdline"] or [])
+    ]
+    for proc in found:
+        proc.terminate()
+    psutil.wait_procs(found, timeout=10)
 
 
 def test_help_lists_the_commands(tmp_path: Path) -> None:
@@ -123,6 +135,46 @@ def test_embedded_postgres_starts_is_reused_and_stops(tmp_path: Path) -> None:
     listed = run_parley("agent", "list", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
     assert listed.stdout.startswith("shop\t")  # the data outlived the restart
     assert not _postgres_running_in(pgdata)
+
+
+def test_the_last_process_stops_the_embedded_postgres_after_another_was_killed(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    pgdata = data / "postgres"
+    killed = subprocess.Popen(
+        [PARLEY, "worker"],
+        cwd=tmp_path,
+        env=clean_env(PARLEY_DATA_DIR=str(data)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert killed.stdout is not None
+        for line in killed.stdout:
+            if "worker.started" in line:
+                break
+        else:
+            raise AssertionError("the worker never said it started")
+        killed.kill()  # SIGKILL: no chance to take itself off the server's list of users
+        killed.wait(timeout=30)
+        assert _postgres_running_in(pgdata)  # left behind, still in use as far as pgserver knows
+        assert killed.pid in json.loads((pgdata / USERS_FILE).read_text())
+
+        # The next process reuses the server, and as the last one left it stops it.
+        again = run_parley("migrate", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+        assert again.returncode == 0, again.stderr
+        assert "(embedded PostgreSQL)" in again.stdout
+        assert json.loads((pgdata / USERS_FILE).read_text()) == []
+        assert not _postgres_running_in(pgdata)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+            killed.wait()
+        if killed.stdout is not None:
+            killed.stdout.close()
+        _stop_postgres_in(pgdata)  # never leave a server behind, whatever failed
 
 
 def test_two_processes_migrating_at_once_both_succeed(tmp_path: Path, fresh_database: str) -> None:

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database
+from core.store.inbox import Inbox
 from core.store.staff import StaffAccounts
 from gateway.admin.console import conversations as conversation_pages
 from gateway.app import create_app
@@ -240,6 +241,7 @@ async def test_every_kind_of_form_needs_the_csrf_token(console: Console) -> None
         f"{shop}/settings",
         f"{shop}/settings/channels",
         f"{shop}/settings/widget-key",
+        "/admin/inbox/retry",
         "/admin/sign-out",
     ]
     fields = {"text": "Hello from staff", "answer": "x", "question": "y", "name": "Hijacked"}
@@ -693,6 +695,74 @@ async def test_rotating_the_widget_key(console: Console) -> None:
     assert new in html
     assert old not in html
     assert "New widget key made" in html
+
+
+async def test_the_inbox_lists_failed_and_stuck_messages_and_retries_them(
+    console: Console,
+) -> None:
+    pool, agent = console.pool, console.data.agent
+
+    async def message(sid: str, key: str, body: str, channel: str = "whatsapp") -> int:
+        payload = {"MessageSid": sid, "From": key, "Body": body, "NumMedia": "0"}
+        assert await Inbox(pool).add(agent.id, channel, sid, key, payload)
+        found: int = await pool.fetchval("SELECT id FROM inbox WHERE provider_message_id = $1", sid)
+        return found
+
+    failed = await message("SM-failed", WHATSAPP, "Do you ship to <b>Norway</b>?")
+    stuck = await message("SM-stuck", "whatsapp:+31600000001", "Where is my order?")
+    fresh = await message("SM-fresh", "whatsapp:+31600000002", "Just arrived")
+    done = await message("SM-done", "whatsapp:+31600000003", "Answered long ago")
+    await pool.execute(
+        """UPDATE inbox SET received_at = now() - interval '1 hour' WHERE id = ANY($1)""",
+        [failed, stuck, done],
+    )
+    await pool.execute(
+        """UPDATE inbox SET status = 'failed', attempts = 3, processed_at = now(),
+                            error = 'the answer could not be generated (llm_failed)'
+            WHERE id = $1""",
+        failed,
+    )
+    await pool.execute(
+        """UPDATE inbox SET attempts = 2, next_attempt_at = now() + interval '10 minutes',
+                            error = 'language model failed: status 500'
+            WHERE id = $1""",
+        stuck,
+    )
+    await pool.execute("UPDATE inbox SET status = 'done' WHERE id = $1", done)
+
+    html = await console.page("/admin/inbox")
+    # Failed ones first, then those still waiting.
+    assert re.findall(r'data-inbox="(\d+)"', html) == [str(failed), str(stuck)]
+    assert f'data-inbox="{fresh}"' not in html
+    assert f'data-inbox="{done}"' not in html
+    assert "Do you ship to &lt;b&gt;Norway&lt;/b&gt;?" in html
+    assert "language model failed: status 500" in html
+    assert f'href="/admin/conversations/{console.data.conversations[WHATSAPP]}"' in html
+    # Each failed or paused message has its own retry button; failed ones all at once too.
+    assert sorted(re.findall(r'name="ids" value="([\d,]+)"', html)) == sorted(
+        [str(failed), str(failed), str(stuck)]
+    )
+
+    assert await console.submit("/admin/inbox/retry", {"ids": str(failed)}) == (
+        "/admin/inbox?done=inbox-retried"
+    )
+    row = await pool.fetchrow(
+        "SELECT status, attempts, requeued_at, next_attempt_at <= now() AS due FROM inbox "
+        "WHERE id = $1",
+        failed,
+    )
+    assert (row["status"], row["attempts"], row["due"]) == ("pending", 0, True)
+    assert row["requeued_at"] is not None
+    html = await console.page("/admin/inbox?done=inbox-retried")
+    assert "Taken up again" in html
+    assert "No failed messages." in html
+    await console.submit("/admin/inbox/retry", {"ids": str(stuck)})
+    assert await pool.fetchval("SELECT next_attempt_at <= now() FROM inbox WHERE id = $1", stuck)
+    assert 'name="ids"' not in await console.page("/admin/inbox")  # nothing left to hurry
+
+    bad = await console.post("/admin/inbox/retry", {"ids": "one,two"})
+    assert bad.status == 400
+    assert "Inbox: failed and late answers" in await bad.text()
 
 
 async def test_a_notice_is_one_of_ours_or_none(console: Console) -> None:

@@ -30,7 +30,7 @@ from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.conversations import Conversations
 from core.store.curated import CuratedAnswers
-from core.store.inbox import Inbox
+from core.store.inbox import Backoff, Inbox
 from core.store.knowledge import KnowledgeStore
 from core.store.outbox import Outbox
 from gateway.durable import reply_splitters
@@ -435,13 +435,18 @@ async def test_telegram_start_gets_the_welcome_and_questions_an_answer(
     assert "2-3 working days" in by_chat[501][1]
 
 
-async def test_a_failing_turn_is_retried_then_given_up(rig: Rig) -> None:
+async def test_an_unexpected_error_is_retried_then_given_up(rig: Rig) -> None:
     class Broken:
         async def run(self, request: object, output: object) -> object:
             raise RuntimeError("llm_failed")
 
     await rig.whatsapp(ALICE, "hello?")
-    worker = InboxWorker(rig.database.pool, Broken(), burst_window=0.0)  # type: ignore[arg-type]
+    worker = InboxWorker(
+        rig.database.pool,
+        Broken(),  # type: ignore[arg-type]
+        burst_window=0.0,
+        backoff=Backoff(base=0.0),  # tried again at once
+    )
     for attempt in (1, 2):
         assert await worker.process_next()
         row = await rig.database.pool.fetchrow("SELECT status, attempts, error FROM inbox")

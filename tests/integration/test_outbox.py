@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,22 @@ class Rig:
     telegram: FakeTelegram
     senders: dict[str, Any]
     outbox: Outbox
+    twilio_url: str
+    telegram_url: str
+
+    def impatient(self, timeout: float = 0.3) -> None:
+        """Senders that give up on an answer after ``timeout`` seconds (the fakes answer
+        late when told to)."""
+        self.senders["whatsapp"] = TwilioSender(
+            self.twilio.account_sid,
+            self.twilio.auth_token,
+            WHATSAPP_FROM,
+            api_base=self.twilio_url,
+            timeout=timeout,
+        )
+        self.senders["telegram"] = TelegramSender(
+            self.telegram.token, api_base=self.telegram_url, timeout=timeout
+        )
 
     def sender(self, **options: Any) -> OutboxSender:
         values: dict[str, Any] = {"poll_interval": 0.05, "base_backoff": 0.05}
@@ -69,20 +86,18 @@ async def rig(database: Database, use_embedder: UseEmbedder) -> AsyncIterator[Ri
     twilio_server, telegram_server = TestServer(twilio.app()), TestServer(telegram.app())
     await twilio_server.start_server()
     await telegram_server.start_server()
+    twilio_url, telegram_url = str(twilio_server.make_url("")), str(telegram_server.make_url(""))
     senders: dict[str, Any] = {
         "whatsapp": TwilioSender(
-            twilio.account_sid,
-            twilio.auth_token,
-            WHATSAPP_FROM,
-            api_base=str(twilio_server.make_url("")),
-            timeout=5.0,
+            twilio.account_sid, twilio.auth_token, WHATSAPP_FROM, api_base=twilio_url, timeout=5.0
         ),
-        "telegram": TelegramSender(
-            telegram.token, api_base=str(telegram_server.make_url("")), timeout=5.0
-        ),
+        "telegram": TelegramSender(telegram.token, api_base=telegram_url, timeout=5.0),
     }
-    yield Rig(database, agent, twilio, telegram, senders, Outbox(database.pool))
-    for sender in senders.values():
+    rig = Rig(
+        database, agent, twilio, telegram, senders, Outbox(database.pool), twilio_url, telegram_url
+    )
+    yield rig
+    for sender in rig.senders.values():
         await sender.close()
     await twilio_server.close()
     await telegram_server.close()
@@ -203,3 +218,173 @@ async def test_a_channel_without_a_sender_fails_its_rows(rig: Rig) -> None:
     await rig.drain(OutboxSender(rig.database.pool, {}))
     [row] = await rig.rows()
     assert (row.status, row.error_code) == ("failed", "no_sender")
+
+
+# -- sends whose answer never came ---------------------------------------------------------
+
+
+async def test_twilio_accepting_but_answering_late_sends_each_part_once(rig: Rig) -> None:
+    rig.impatient(timeout=0.3)
+    rig.twilio.answer_late_by = 3.0  # every message is accepted, every answer comes too late
+    await rig.enqueue("whatsapp", ALICE, ["first", "second", "third", "fourth"])
+
+    await rig.drain(rig.sender())
+
+    assert rig.twilio.bodies == ["first", "second", "third", "fourth"]  # none twice
+    rows = await rig.rows()
+    assert [r.provider_message_id for r in rows] == [m["sid"] for m in rig.twilio.messages]
+    assert [(r.status, r.attempts, r.unconfirmed_since) for r in rows] == [("sent", 2, None)] * 4
+    # one look-up per part, for this chat, from the sender, from the day the attempt began
+    assert len(rig.twilio.lists) == 4
+    assert {(q["To"], q["From"]) for q in rig.twilio.lists} == {(ALICE, WHATSAPP_FROM)}
+    assert all("DateSent>" in q for q in rig.twilio.lists)
+
+
+async def test_a_refused_twilio_send_is_sent_again_without_a_look_up(rig: Rig) -> None:
+    rig.twilio.fail_next = [(500, None)]
+    await rig.enqueue("whatsapp", ALICE, ["hello"])
+    sender = rig.sender()
+    assert await sender.send_due() == 1
+    [row] = await rig.rows()
+    assert (row.status, row.error_code, row.unconfirmed_since) == ("pending", "20500", None)
+
+    await rig.drain(sender)
+
+    assert rig.twilio.bodies == ["hello"]
+    assert rig.twilio.lists == []  # a refusal is certain: nothing to ask about
+    [row] = await rig.rows()
+    assert (row.status, row.attempts) == ("sent", 2)
+
+
+async def test_a_twilio_send_that_cannot_connect_is_sent_again_and_lands_once(
+    database: Database, use_embedder: UseEmbedder
+) -> None:
+    agent = await Agents(database.pool).create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    twilio = FakeTwilio()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sender = TwilioSender(
+        twilio.account_sid,
+        twilio.auth_token,
+        WHATSAPP_FROM,
+        api_base=f"http://127.0.0.1:{port}",
+        timeout=5.0,
+    )
+    outbox = OutboxSender(database.pool, {"whatsapp": sender}, base_backoff=0.05)
+    await enqueue(
+        database.pool,  # type: ignore[arg-type]
+        agent_id=agent.id,
+        channel="whatsapp",
+        recipient=ALICE,
+        parts=["hello"],
+    )
+    server = TestServer(twilio.app(), port=port)
+    try:
+        assert await outbox.send_due() == 1  # nothing listens yet: connection refused
+        [row] = await Outbox(database.pool).rows(agent.id)
+        assert (row.status, row.error_code, row.unconfirmed_since) == (
+            "pending",
+            "connection",
+            None,
+        )
+
+        await server.start_server()
+
+        async def sent() -> bool:
+            await outbox.send_due()
+            return (await Outbox(database.pool).rows(agent.id))[0].status == "sent"
+
+        await wait_until(sent)
+    finally:
+        await sender.close()
+        await server.close()
+    assert twilio.bodies == ["hello"]
+    assert twilio.lists == []
+
+
+async def test_a_failed_look_up_is_tried_again_before_anything_is_resent(rig: Rig) -> None:
+    rig.impatient(timeout=0.3)
+    rig.twilio.answer_late_by = 3.0
+    rig.twilio.fail_list_next = [(503, None)]
+    await rig.enqueue("whatsapp", ALICE, ["hello"])
+
+    await rig.drain(rig.sender())
+
+    assert rig.twilio.bodies == ["hello"]
+    assert len(rig.twilio.lists) == 2  # the failed look-up, then the one that found it
+    [row] = await rig.rows()
+    assert (row.status, row.provider_message_id) == ("sent", rig.twilio.messages[0]["sid"])
+    assert (row.attempts, row.lookups) == (3, 0)
+
+
+async def test_when_look_ups_keep_failing_the_part_is_sent_again(rig: Rig) -> None:
+    """The documented choice: after ``max_lookups`` failed look-ups the part is re-sent, so
+    a look-up that keeps failing cannot hold the chat's replies up for ever."""
+    rig.impatient(timeout=0.3)
+    rig.twilio.answer_late_by = 3.0
+    rig.twilio.fail_list_next = [(500, None)] * 10
+    await rig.enqueue("whatsapp", ALICE, ["hello"])
+    sender = rig.sender(max_lookups=2)
+    assert await sender.send_due() == 1  # accepted, but the answer came too late
+    rig.twilio.answer_late_by = 0.0
+
+    await rig.drain(sender)
+
+    assert len(rig.twilio.lists) == 2
+    assert rig.twilio.bodies == ["hello", "hello"]  # the repeat this choice accepts
+    [row] = await rig.rows()
+    assert (row.status, row.provider_message_id) == ("sent", rig.twilio.messages[1]["sid"])
+
+
+async def test_a_part_a_dead_sender_had_sent_is_found_not_resent(rig: Rig) -> None:
+    await rig.enqueue("whatsapp", ALICE, ["hello"])
+    [claimed] = await rig.outbox.claim(10, lease=0.05)
+    # The sender that claimed it got the message out, then died before recording it.
+    [sent] = await rig.senders["whatsapp"].send(ALICE, claimed.body)
+
+    await rig.drain(rig.sender())
+
+    assert rig.twilio.bodies == ["hello"]
+    [row] = await rig.rows()
+    assert (row.status, row.provider_message_id, row.attempts) == (
+        "sent",
+        sent.provider_message_id,
+        2,
+    )
+
+
+async def test_an_earlier_identical_part_is_not_adopted(rig: Rig) -> None:
+    """A look-up may see an identical message sent just before; it belongs to another part."""
+    await rig.enqueue("whatsapp", ALICE, ["Thanks!"])
+    await rig.drain(rig.sender())
+    await rig.enqueue("whatsapp", ALICE, ["Thanks!"])
+    rig.twilio.fail_next = [(500, None)]
+    assert len(await rig.outbox.claim(10, lease=0.05)) == 1  # a sender that dies unsent
+
+    await rig.drain(rig.sender())
+
+    assert rig.twilio.bodies == ["Thanks!", "Thanks!"]
+    rows = await rig.rows()
+    assert [r.provider_message_id for r in rows] == [m["sid"] for m in rig.twilio.messages]
+    assert len(rig.twilio.lists) == 1
+
+
+async def test_telegram_cannot_be_asked_so_an_unanswered_part_is_sent_again(rig: Rig) -> None:
+    """The window README's "What can be lost or repeated" names: Telegram's Bot API has no
+    look-up, so a part whose answer never came is sent again and may arrive twice."""
+    rig.impatient(timeout=0.3)
+    rig.telegram.answer_late_by = 3.0
+    await rig.enqueue("telegram", "501", ["hello"])
+    sender = rig.sender()
+    assert await sender.send_due() == 1
+    [row] = await rig.rows()
+    assert (row.status, row.error_code) == ("pending", "timeout")
+    assert row.unconfirmed_since is not None  # recorded, though nothing can settle it
+    rig.telegram.answer_late_by = 0.0
+
+    await rig.drain(sender)
+
+    assert rig.telegram.texts == ["hello", "hello"]
+    [row] = await rig.rows()
+    assert (row.status, row.provider_message_id) == ("sent", "2")

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from pydantic import ValidationError
 from pytest_aiohttp import AiohttpServer
 
 from channels.citations import reply_parts
 from channels.delivery import DeliveryError, split_message
-from channels.telegram_send import MAX_TEXT_CHARS, TelegramSender
+from channels.telegram_send import MAX_TEXT_CHARS, SEND_TIMEOUT, SERVER_WAIT, TelegramSender
+from core.settings import Settings
 from tests.fakes.telegram import BLOCKED, CANT_PARSE, FakeTelegram, flood
 
 CHAT = 4242
@@ -238,7 +241,62 @@ async def test_server_errors_are_transient(sender: TelegramSender, fake: FakeTel
         False,
         None,
     )
+    # a gateway error from Telegram's front end: the Bot API server behind it may have sent it
+    assert info.value.ambiguous
     assert len(await sender.send(str(CHAT), "hello")) == 1
+
+
+def test_the_send_timeout_outlasts_telegrams_own_waiting() -> None:
+    """The Bot API server waits out flood control for up to SERVER_WAIT seconds before it
+    answers; giving up sooner would turn a delivered message into a retried one."""
+    assert SEND_TIMEOUT > SERVER_WAIT
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.telegram_send_timeout_seconds > SERVER_WAIT
+    with pytest.raises(ValidationError):
+        Settings(_env_file=None, telegram_send_timeout_seconds=SERVER_WAIT)  # type: ignore[call-arg]
+
+
+async def test_the_client_library_waits_as_long_as_the_send_timeout(
+    fake: FakeTelegram, api_base: str
+) -> None:
+    # python-telegram-bot's own read timeout (5 s by default) would end the wait first.
+    sender = TelegramSender(fake.token, api_base=api_base, timeout=SEND_TIMEOUT)
+    try:
+        bot = await sender.start()
+        assert bot.request.read_timeout == SEND_TIMEOUT
+    finally:
+        await sender.close()
+
+
+async def test_an_answer_lost_after_telegram_took_the_message_is_ambiguous(
+    fake: FakeTelegram, api_base: str
+) -> None:
+    fake.answer_late_by = 3.0
+    sender = TelegramSender(fake.token, api_base=api_base, timeout=0.3)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(str(CHAT), "hello")
+    finally:
+        await sender.close()
+    assert (info.value.code, info.value.permanent, info.value.ambiguous) == ("timeout", False, True)
+    assert fake.texts == ["hello"]
+
+
+async def test_an_unreachable_bot_api_is_not_ambiguous(fake: FakeTelegram) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sender = TelegramSender(fake.token, api_base=f"http://127.0.0.1:{port}", timeout=2.0)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(str(CHAT), "hello")
+    finally:
+        await sender.close()
+    assert (info.value.code, info.value.permanent, info.value.ambiguous) == (
+        "network",
+        False,
+        False,
+    )
 
 
 async def test_a_failure_on_part_three_reports_parts_one_and_two(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import socket
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pytest_aiohttp import AiohttpServer
@@ -135,6 +137,7 @@ async def test_rate_limits_and_server_errors_are_transient(
         await sender.send(TO, "hello")
 
     assert not info.value.permanent
+    assert not info.value.ambiguous  # Twilio answered: it accepted nothing
     assert info.value.retry_after == retry_after
     assert info.value.code == {429: "20429", 500: "20500", 503: "20500"}[failure[0]]
     # the next attempt goes through
@@ -174,6 +177,62 @@ async def test_a_hanging_api_times_out_as_transient(fake: FakeTwilio, api_base: 
     finally:
         await sender.close()
     assert (info.value.code, info.value.permanent) == ("timeout", False)
+    assert info.value.ambiguous  # the request went out; Twilio may have it
+
+
+async def test_an_answer_lost_after_acceptance_is_ambiguous_and_found(
+    fake: FakeTwilio, api_base: str
+) -> None:
+    fake.answer_late_by = 3.0
+    sender = TwilioSender(fake.account_sid, fake.auth_token, FROM, api_base=api_base, timeout=0.3)
+    started = datetime.now(UTC)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(TO, "Your parcel left the warehouse today.")
+        assert (info.value.code, info.value.ambiguous, info.value.permanent) == (
+            "timeout",
+            True,
+            False,
+        )
+        [accepted] = fake.messages  # Twilio has it, though its answer never came
+
+        found = await sender.find_sent(TO, "Your parcel left the warehouse today.", started)
+        other_body = await sender.find_sent(TO, "Something else.", started)
+        other_chat = await sender.find_sent("whatsapp:+15550000000", accepted["body"], started)
+        later = await sender.find_sent(TO, accepted["body"], started + timedelta(minutes=5))
+    finally:
+        await sender.close()
+
+    assert [s.provider_message_id for s in found] == [accepted["sid"]]
+    assert (other_body, other_chat, later) == ([], [], [])
+    query = fake.lists[0]
+    assert (query["To"], query["From"]) == (TO, FROM)
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", query["DateSent>"])  # a day, as Twilio takes it
+    assert len(fake.messages) == 1  # looking up sends nothing
+
+
+async def test_a_look_up_pages_through_the_list(sender: TwilioSender, fake: FakeTwilio) -> None:
+    started = datetime.now(UTC)
+    await sender.send(TO, "The first answer.")
+    for n in range(60):  # newer messages push the first one onto the second page
+        await sender.send(TO, f"Answer {n}.")
+
+    found = await sender.find_sent(TO, "The first answer.", started)
+
+    assert [s.provider_message_id for s in found] == [fake.messages[0]["sid"]]
+    assert [q.get("Page", "0") for q in fake.lists] == ["0", "1"]
+    assert "PageToken" in fake.lists[1]
+
+
+@pytest.mark.parametrize(("status", "permanent"), [(500, False), (429, False), (403, True)])
+async def test_a_failed_look_up_says_so(
+    sender: TwilioSender, fake: FakeTwilio, status: int, permanent: bool
+) -> None:
+    fake.fail_list_next = [(status, None)]
+    with pytest.raises(DeliveryError) as info:
+        await sender.find_sent(TO, "hello", datetime.now(UTC))
+    assert (info.value.code, info.value.permanent) == (f"lookup_{status}", permanent)
+    assert fake.messages == []
 
 
 async def test_an_unreachable_api_is_transient(fake: FakeTwilio) -> None:
@@ -189,6 +248,7 @@ async def test_an_unreachable_api_is_transient(fake: FakeTwilio) -> None:
     finally:
         await sender.close()
     assert (info.value.code, info.value.permanent) == ("connection", False)
+    assert not info.value.ambiguous  # no connection, no request: nothing can have arrived
 
 
 async def test_the_auth_token_is_never_logged(

@@ -18,7 +18,7 @@ def test_every_fixed_sentence_table_covers_the_six_languages(table: dict[str, st
     assert len({table[lang] for lang in LANGUAGES}) == len(LANGUAGES)
 
 
-@pytest.mark.parametrize("name", ["unverified", "contact", "only_in", "not_listed"])
+@pytest.mark.parametrize("name", ["unverified", "contact", "only_in", "not_listed", "holding"])
 def test_each_phrase_differs_per_language(name: str) -> None:
     texts = {phrase(name, lang, route="x", other="y", thing="z") for lang in LANGUAGES}
     assert len(texts) == len(LANGUAGES)

@@ -51,6 +51,19 @@ def test_environment_and_vendor_names_are_read(monkeypatch: pytest.MonkeyPatch) 
     assert settings.telegram_api_base == "http://127.0.0.1:9999"
 
 
+def test_messaging_retries_and_the_holding_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = load_settings()
+    # Long enough to ride out an hour-long outage, well inside WhatsApp's 24-hour window.
+    assert defaults.inbox_retry_hours == 6.0
+    assert (defaults.holding_message_seconds, defaults.inbox_stuck_after) == (30.0, 30.0)
+    monkeypatch.setenv("PARLEY_INBOX_RETRY_HOURS", "2.5")
+    monkeypatch.setenv("PARLEY_HOLDING_MESSAGE_SECONDS", "0")
+    changed = load_settings()
+    assert changed.inbox_retry_hours == 2.5
+    assert changed.holding_message_seconds == 0  # never told; still listed as late after 30 s
+    assert changed.inbox_stuck_after == 30.0
+
+
 def test_parley_key_wins_over_openai_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
     monkeypatch.setenv("PARLEY_LLM_API_KEY", "sk-parley")
@@ -85,6 +98,8 @@ def test_secrets_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PARLEY_LLM_BASE_URL", "api.openai.com", "http:// or https://"),
         ("TELEGRAM_WEBHOOK_SECRET", "has spaces", "A-Z, a-z, 0-9"),
         ("PARLEY_REWRITE_TIMEOUT_MS", "5", "greater than or equal to 50"),
+        ("PARLEY_INBOX_RETRY_HOURS", "30", "less than or equal to 20"),
+        ("PARLEY_HOLDING_MESSAGE_SECONDS", "-1", "greater than or equal to 0"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_variable(

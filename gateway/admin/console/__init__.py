@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway.admin.console import agent, conversations, knowledge, sign_in
+from gateway.admin.console import agent, conversations, inbox, knowledge, sign_in
 from gateway.admin.console.render import setup_templates
 
 STATIC = Path(__file__).resolve().parents[2] / "static"
@@ -39,6 +39,7 @@ def console_routes() -> list[web.RouteDef]:
     return [
         *sign_in.routes(),
         *conversations.routes(),
+        *inbox.routes(),
         *agent.routes(),
         *knowledge.routes(),
         *(_static(name, kind) for name, kind in STATIC_FILES.items()),

@@ -57,6 +57,7 @@ NOTICES = {
     "settings-saved": "Settings saved.",
     "channels-saved": "Channel credentials saved.",
     "widget-key-rotated": "New widget key made; update the script tag on your site.",
+    "inbox-retried": "Taken up again; the answers follow as soon as they are made.",
 }
 
 # Each page sends these: the console shows conversations and settings, so no other site may
