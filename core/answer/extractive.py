@@ -34,7 +34,15 @@ from numpy.typing import NDArray
 
 from core.answer.phrases import deferral, language_name, phrase
 from core.answer.places import country, region_holds
-from core.answer.question import Question, fold, name_found, stem, wanted_kinds, words
+from core.answer.question import (
+    Question,
+    fold,
+    name_found,
+    numeral,
+    stem,
+    wanted_kinds,
+    words,
+)
 from core.ports import Embedder
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,9 @@ log = logging.getLogger(__name__)
 NEAR_DUPLICATE = 0.9
 # Runners-up this far below the best piece add noise, not answers.
 RELATIVE_MARGIN = 0.08
+# ... unless they hold more of the visitor's own words and the kind of fact asked for.
+WIDER_MARGIN = 0.25
+FOCUS_GAIN = 0.1
 MAX_ROWS = 8  # a table or list longer than this is quoted by its matching rows only
 KEY_WORD_WEIGHT = 0.6
 TITLE_WORD_SHARE = 0.5
@@ -457,6 +468,8 @@ class _Matcher:
         for term in self.terms:
             if term in plain or self.stems[term] in stems:
                 out[term] = 1.0
+            elif (digits := numeral(term)) is not None and any(numeral(w) == digits for w in plain):
+                out[term] = 1.0  # "3 pack" and "a pack of three"
             elif (len(term) >= 6 and term[:5] in prefixes and _cognate(term, plain)) or (
                 len(term) >= 4 and any(w.startswith(term) for w in plain)
             ):
@@ -765,9 +778,15 @@ def _choose(
         ][:max_sentences]  # fmt: skip
     if len(chosen) == 1:
         margin = scored.scores[best] - RELATIVE_MARGIN
+        wider = scored.scores[best] - WIDER_MARGIN
         for index in order[1:]:
-            if len(chosen) >= max_sentences or scored.scores[index] < max(margin, floor):
+            if len(chosen) >= max_sentences or scored.scores[index] < max(wider, floor):
                 break
+            # further down, only a piece with more of the visitor's own words ("3 pack":
+            # "€54.95 for a pack of three" after "Price: €19.95 per pair")
+            adds = scored.focus[index] > scored.focus[best] + FOCUS_GAIN
+            if scored.scores[index] < margin and not (adds and scored.wanted[index]):
+                continue
             if scored.wanted[best] and not scored.wanted[index]:
                 continue  # the fact asked for is there: what lacks it is noise
             if block >= 0 and scored.sentences[index].block == block:

@@ -200,6 +200,30 @@ def wanted_kinds(text: str) -> frozenset[str]:
     return frozenset(kinds)
 
 
+# Number words that are nothing else, in the languages the bot speaks ("one", "een", "un"
+# are articles too, and so are left out).
+_NUMBER_WORDS = {
+    "2": "two twee zwei deux dos",
+    "3": "three drie drei trois tres tre",
+    "4": "four vier quatre cuatro quattro",
+    "5": "five vijf funf cinq cinco cinque",
+    "6": "six zes sechs seis",
+    "7": "seven zeven sieben sept siete sette",
+    "8": "eight acht huit ocho otto",
+    "9": "nine negen neun neuf nueve nove",
+    "10": "ten tien zehn dix diez dieci",
+    "12": "twelve twaalf zwolf douze doce dodici",
+}
+_NUMERALS = {word: digits for digits, names in _NUMBER_WORDS.items() for word in names.split()}
+
+
+def numeral(word: str) -> str | None:
+    """The digits a folded word stands for: "3" and "drie" -> "3"; None for other words."""
+    if word.isdigit():
+        return word.lstrip("0") or "0"
+    return _NUMERALS.get(word)
+
+
 def fold(word: str) -> str:
     """Lower case without accents: "België" and "belgie" compare equal."""
     decomposed = unicodedata.normalize("NFKD", word.casefold())

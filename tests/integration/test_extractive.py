@@ -420,3 +420,39 @@ async def test_a_country_the_table_does_not_list_gets_the_row_of_its_region(
     assert "Other EU countries; Delivery time: 3-6 working days" in result.text
     assert "Germany" not in result.text
     assert "United Kingdom" not in result.text
+
+
+SOCK = """# Merino Trek Sock
+
+- Price: €19.95 per pair
+- Availability: In stock
+
+## Price
+€19.95 per pair, or €54.95 for a pack of three pairs.
+
+## Why merino?
+Merino wool keeps your feet warm when wet and does not smell after days of walking.
+"""
+
+
+async def test_a_number_in_figures_finds_the_same_number_in_words(
+    embedder: CountingEmbedder,
+) -> None:
+    result = await ask(
+        embedder,
+        "price for a 3 pack of the merino trek socks?",
+        [Passage("Merino Trek Sock", SOCK, "en")],
+    )
+    assert "€54.95" in result.text
+
+
+async def test_a_yes_no_question_about_costs_is_settled_by_a_no_fee_statement(
+    embedder: CountingEmbedder,
+) -> None:
+    payment = (
+        "# Payment\n\nWe never charge a fee for any payment method.\n\n"
+        "## Business customers\nPaying on account is possible for orders from €250.\n"
+    )
+    result = await ask(embedder, "Do you charge a fee for paying by credit card?", [payment])
+    assert result.text.startswith("No.")
+    assert "never charge a fee" in result.text

@@ -7,7 +7,7 @@ import pytest
 from core.answer.escalation import DEFAULT_HANDOFF_TEXTS, DEFAULT_OUT_OF_HOURS_TEXTS
 from core.answer.guard import REFUSALS, refusal
 from core.answer.phrases import LANGUAGES, deferral, language_name, phrase
-from core.answer.question import Question, guess_language
+from core.answer.question import Question, guess_language, numeral
 
 
 @pytest.mark.parametrize(
@@ -39,6 +39,8 @@ def test_regional_and_unknown_languages_fall_back_sensibly() -> None:
         ("und was kostet er?", "de"),
         ("en wat kost hij?", "nl"),
         ("how much is it", "en"),
+        ("Öffnungszeiten", "de"),  # no function word: the letters are clear enough
+        ("Komforttemperatur vom Winterslaap?", "de"),
     ],
 )
 def test_short_messages_are_recognised_by_their_function_words(text: str, language: str) -> None:
@@ -55,9 +57,27 @@ def test_short_messages_are_recognised_by_their_function_words(text: str, langua
         ("Liefert ihr nach Österreich?", set(), True),
         ("Wie lange dauert der Versand nach Belgien?", {"duration"}, False),
         ("Store opening hours?", {"hours"}, False),
+        # the last part of a compound names the kind
+        ("Komforttemperatur vom Winterslaap?", {"temperature"}, False),
+        ("wat zijn de verzendkosten naar België", {"price"}, False),
+        ("Telefonnummer vom Kundenservice?", {"contact"}, False),  # not a product code
+        ("rekenen jullie transactiekosten bij creditcard?", {"price"}, True),
+        ("Do you charge extra for PayPal?", {"price"}, True),
     ],
 )
 def test_a_question_is_read_for_the_fact_it_wants(text: str, wants: set[str], yes_no: bool) -> None:
     question = Question.read(text, "en")
     assert question.wants == wants
     assert question.yes_no is yes_no
+
+
+def test_a_name_is_read_whole_and_a_bare_name_tells_no_language() -> None:
+    assert Question.read("Do you charge extra for paying with PayPal?", "en").names == ("PayPal",)
+    assert guess_language("Bitcoin?") is None
+    assert guess_language("kostet PayPal extra?") is None  # too little to go on
+
+
+def test_digits_and_number_words_are_the_same_number() -> None:
+    assert numeral("3") == numeral("three") == numeral("drie") == numeral("drei") == "3"
+    assert numeral("een") is None  # an article as much as a number
+    assert numeral("pack") is None
