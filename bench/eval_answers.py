@@ -295,8 +295,8 @@ def print_calibration(attempts: Sequence[Reply]) -> None:
 def print_wrong(attempts: Sequence[Reply]) -> None:
     print("\nWrong attempts (threshold 0):")
     for r in attempts:
-        if r.attempt_right or not r.case.answerable:
-            continue
+        if r.attempt_right or (not r.case.answerable and r.confidence < ANSWER_THRESHOLD):
+            continue  # (an unanswerable question's attempt counts when it would be sent)
         facts = " & ".join("|".join(g) for g in r.case.facts) or "(defer)"
         print(f"\n[{r.case.qid} {r.case.kind}] {r.case.question}  page={r.case.page}")
         for turn in r.case.history:

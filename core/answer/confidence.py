@@ -17,19 +17,19 @@ from core.answer.extractive import Evidence
 # Fitted weights; see the module docstring.
 WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
-        "bias": -2.213,
-        "score": 1.173,
-        "similarity": 0.482,
-        "coverage": 0.192,
-        "names_missing": -0.162,
-        "wanted_missing": 0.090,
-        "match": 0.328,
-        "quote_coverage": 1.339,
-        "page_margin": 1.339,
-        "faq": -0.110,
-        "yes_no": -0.396,
-        "other_language": -0.004,
-        "unknown": -0.659,
+        "bias": -1.737,
+        "score": 1.524,
+        "similarity": 0.449,
+        "coverage": 0.302,
+        "names_missing": 0.155,
+        "wanted_missing": -0.397,
+        "match": 0.341,
+        "quote_coverage": 1.040,
+        "page_margin": 1.097,
+        "faq": -0.053,
+        "yes_no": -0.567,
+        "other_language": -0.133,
+        "unknown": -0.711,
     }
 )
 

@@ -887,7 +887,12 @@ async def extractive_answer(
         pages.add(ranked_pages[1])
     chosen = _choose(question, scored, pages, max_sentences, min_similarity, matcher)
     all_text = " ".join(f"{p.title} {p.text}" for p in passages)
-    names_found = [n for n in question.names if name_found(n, all_text)]
+    # the words of the question's names found nowhere ("Q-Park" of "Q-Park Westblaak")
+    name_words = [fold(w) for n in question.names for w in words(n)]
+    everywhere = {fold(w) for w in words(all_text)}
+    names_unknown = (
+        sum(w not in everywhere for w in name_words) / len(name_words) if name_words else 0.0
+    )
     page = ranked_pages[0]
     page_text = f"{passages[page].title} {passages[page].text}"
     coverage = sum(matcher.found(page_text).values()) / len(matcher.terms) if matcher.terms else 0.0
@@ -900,7 +905,7 @@ async def extractive_answer(
         similarity=float(scored.similarity[best]),
         score=float(scored.scores[best]),
         coverage=min(1.0, coverage),
-        names_missing=(1 - len(names_found) / len(question.names) if question.names else 0.0),
+        names_missing=names_unknown,
         wanted_found=bool(picked) and any(_wanted(question, s.text) for s in picked),
         other_language=across,
         quote_coverage=_share(matcher, shared, picked) if shared else 0.5,

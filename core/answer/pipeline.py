@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 EXTRACTIVE_MIN_SIMILARITY = 0.28
 # Below this estimated probability of being right, an answer is flagged low_confidence (and
 # the extractive answerer defers); agents may set their own in settings["answer_threshold"].
-ANSWER_THRESHOLD = 0.5
+# Above one half: a wrong answer misleads a visitor more than a deferral to a person does.
+ANSWER_THRESHOLD = 0.6
 # The best pages are read whole for a quote: the retrieved chunk shows which page answers,
 # the answer itself may sit in a table or a list next to it.
 WHOLE_PAGES = 3
