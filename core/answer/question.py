@@ -29,7 +29,8 @@ _CHATTER = frozenset(
     hoi hallo graag bedankt dank wil willen weten vertel zeggen even nog eens iets alles ding
     jullie bitte danke möchte möchten wissen sagen noch mal etwas ihr euch bonjour merci
     voudrais savoir dire encore quelque chose hola gracias quiero saber decir algo ciao grazie
-    vorrei sapere qualcosa""".split()  # noqa: SIM905
+    vorrei sapere qualcosa may must mag mogen moet moeten darf dürfen muss müssen peux puis
+    peut puedo puede posso può""".split()  # noqa: SIM905
 )
 
 # The kind of fact a question wants, recognised by words in any of our languages.
@@ -103,10 +104,9 @@ _WANTS: dict[str, re.Pattern[str]] = {
     # A person ("Who founded the shop?").
     "person": re.compile(r"\b(who|whom|whose|wer|wem|wen|qui|quién|quiénes|chi)\b"),
     "hours": re.compile(
-        r"\b(opening hours|open|opens|close|closes|closing|hours|what time|hoe laat|wie spät|"
+        r"\b(opening hours|opening times|closing|hours|what time|hoe laat|wie spät|"
         r"um wie viel uhr|à quelle heure|a qué hora|a che ora|"
-        r"openingstijden|openingsuren|geopend|sluit|öffnungszeiten|geöffnet|offen|schließt|"
-        r"horaires?|ouvert|ferme|horario|abierto|abre|orari|orario|aperto)\b"
+        r"openingstijden|openingsuren|öffnungszeiten|horaires?|horario|orari|orario)\b"
     ),
     "contact": re.compile(
         r"\b(phone|call|telephone|e-?mail|address|reach you|contact|"
@@ -182,10 +182,28 @@ class Question:
         )
 
 
+# "Open" asks for opening hours only of a place or on a day ("is the store open on Sunday?",
+# not "may I return socks when the packaging is open?").
+_OPEN = re.compile(
+    r"\b(open|opens|close|closes|closed|geopend|open|gesloten|sluit|offen|geöffnet|"
+    r"geschlossen|schließt|ouvert|ouvre|fermé|ferme|abierto|abre|cerrado|aperto|chiuso)\b"
+)
+_OPEN_WHEN = re.compile(
+    r"\b(store|shop|you|winkel|jullie|laden|geschäft|ihr|magasin|boutique|vous|tienda|"
+    r"negozio|service|klantenservice|kundenservice|today|tomorrow|tonight|vandaag|morgen|"
+    r"heute|aujourd'hui|demain|hoy|mañana|oggi|domani|weekend|christmas|kerst|weihnachten|"
+    r"sunday|monday|tuesday|wednesday|thursday|friday|saturday|zondag|maandag|dinsdag|"
+    r"woensdag|donderdag|vrijdag|zaterdag|sonntag|montag|dienstag|mittwoch|donnerstag|"
+    r"freitag|samstag|dimanche|lundi|samedi|domingo|lunes|sábado|domenica|lunedì|sabato)\b"
+)
+
+
 def wanted_kinds(text: str) -> frozenset[str]:
     """The kinds of fact a text asks for or names ("how much" -> price, "Gewicht" -> weight)."""
     lowered = text.casefold()
     kinds = {kind for kind, pattern in _WANTS.items() if pattern.search(lowered)}
+    if _OPEN.search(lowered) and _OPEN_WHEN.search(lowered):
+        kinds.add("hours")
     for word in _WORD.findall(lowered):
         # the last part of a compound names the kind: "Komforttemperatur", "verzendkosten"
         for start in range(3, len(word) - 4):

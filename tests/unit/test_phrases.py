@@ -63,6 +63,9 @@ def test_short_messages_are_recognised_by_their_function_words(text: str, langua
         ("Telefonnummer vom Kundenservice?", {"contact"}, False),  # not a product code
         ("rekenen jullie transactiekosten bij creditcard?", {"price"}, True),
         ("Do you charge extra for PayPal?", {"price"}, True),
+        # "open" asks for hours of a place or on a day, not of a parcel
+        ("Is the store open on Sunday?", {"hours"}, True),
+        ("Mag ik sokken terugsturen als de verpakking open is?", set(), True),
     ],
 )
 def test_a_question_is_read_for_the_fact_it_wants(text: str, wants: set[str], yes_no: bool) -> None:
