@@ -15,6 +15,7 @@ from playwright.async_api import Browser, Page, expect
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database
+from core.store.inbox import Inbox
 from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.e2e.browser import ARTIFACTS, chromium
@@ -213,4 +214,56 @@ async def test_the_console_fits_a_phone(browser: Browser, console: Console) -> N
     await page.goto(console.url("/admin/agents/shop/settings"))
     await expect(page.get_by_role("button", name="Save settings")).to_be_visible()
     assert await page.evaluate("document.documentElement.scrollWidth") <= 360
+    await page.close()
+
+
+async def _troubled_inbox(console: Console) -> tuple[int, int]:
+    """A message whose answer failed and one waiting out a pause after a failed try."""
+    pool, agent = console.pool, console.data.agent
+    ids = []
+    for sid, key, body in [
+        ("SM-failed", WHATSAPP, "Do you ship to Norway? " + "I would like to know soon. " * 6),
+        ("SM-stuck", "whatsapp:+31600000001", "Where is my order?"),
+    ]:
+        payload = {"MessageSid": sid, "From": key, "Body": body, "NumMedia": "0"}
+        assert await Inbox(pool).add(agent.id, "whatsapp", sid, key, payload)
+        ids.append(await pool.fetchval("SELECT id FROM inbox WHERE provider_message_id = $1", sid))
+    failed, stuck = ids
+    await pool.execute(
+        "UPDATE inbox SET received_at = now() - interval '1 hour' WHERE id = ANY($1)", ids
+    )
+    await pool.execute(
+        """UPDATE inbox SET status = 'failed', attempts = 3, processed_at = now(),
+                            error = 'the answer could not be generated (llm_failed)'
+            WHERE id = $1""",
+        failed,
+    )
+    await pool.execute(
+        """UPDATE inbox SET attempts = 2, next_attempt_at = now() + interval '10 minutes',
+                            error = 'language model failed: status 500' WHERE id = $1""",
+        stuck,
+    )
+    return failed, stuck
+
+
+@pytest.mark.parametrize("width", [1280, 360])
+async def test_staff_see_failed_and_late_messages_and_retry_one(
+    browser: Browser, console: Console, width: int
+) -> None:
+    failed, stuck = await _troubled_inbox(console)
+    page = await signed_in(browser, console, width=width)
+    await page.get_by_role("link", name="Inbox", exact=True).click()
+    await expect(page.get_by_role("heading", name="Failed (1)")).to_be_visible()
+    await expect(page.locator(f'tr[data-inbox="{failed}"]')).to_contain_text(
+        "Do you ship to Norway?"
+    )
+    await expect(page.locator(f'tr[data-inbox="{stuck}"]')).to_contain_text("Where is my order?")
+    assert await page.evaluate("document.documentElement.scrollWidth") <= width
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(path=ARTIFACTS / f"console-inbox-{width}.png", full_page=True)
+
+    await page.get_by_role("button", name=f"Retry the message from {WHATSAPP} now").click()
+    await expect(page.get_by_role("heading", name="Failed (0)")).to_be_visible()
+    status = await console.pool.fetchval("SELECT status FROM inbox WHERE id = $1", failed)
+    assert status == "pending"
     await page.close()
