@@ -444,14 +444,37 @@ def _cognate(term: str, plain: set[str]) -> bool:
     return False
 
 
+_WEEKDAYS = frozenset(
+    fold(day)
+    for day in """monday tuesday wednesday thursday friday saturday sunday maandag dinsdag
+    woensdag donderdag vrijdag zaterdag zondag montag dienstag mittwoch donnerstag freitag
+    samstag sonntag lundi mardi mercredi jeudi vendredi samedi dimanche lunes martes miércoles
+    jueves viernes sábado domingo lunedì martedì mercoledì giovedì venerdì sabato
+    domenica""".split()  # noqa: SIM905
+)
+
+
+def _sort_of(term: str) -> str | None:
+    """What a follow-up may put in an earlier question's place: a country, a day, a number."""
+    if country(term) is not None:
+        return "country"
+    if term in _WEEKDAYS:
+        return "day"
+    return "number" if numeral(term) is not None else None
+
+
 class _Matcher:
     """Whether a piece of text contains a question's key words, by stem or by a shared
     beginning across languages ("België", "Belgium", "Belgien")."""
 
     def __init__(self, question: Question) -> None:
         self.language = question.language
-        self.terms = question.terms
         self.focus = set(question.focus)
+        # "...shipping to Belgium? what about Germany": Germany takes Belgium's place
+        replacing = {_sort_of(t) for t in self.focus} - {None}
+        self.terms = tuple(
+            t for t in question.terms if t in self.focus or _sort_of(t) not in replacing
+        )
         self.stems = {t: stem(t, self.language) for t in self.terms}
         self.name_words = {fold(w) for name in question.names for w in words(name)}
 

@@ -456,3 +456,24 @@ async def test_a_yes_no_question_about_costs_is_settled_by_a_no_fee_statement(
     result = await ask(embedder, "Do you charge a fee for paying by credit card?", [payment])
     assert result.text.startswith("No.")
     assert "never charge a fee" in result.text
+
+
+async def test_a_follow_up_puts_its_day_in_the_earlier_questions_place(
+    embedder: CountingEmbedder,
+) -> None:
+    store = (
+        "# Contact and store\n\n## Store opening hours\n\n| Day | Hours |\n|---|---|\n"
+        "| Saturday | 10:00–17:00 |\n| Sunday | 12:00–17:00 |\n| Monday | closed |\n"
+    )
+    shipping = (
+        "# Shipping\n\nIf you order on Friday after 15:00, on Saturday or on Sunday, "
+        "we ship on Monday, when the store opens again at 10:00.\n"
+    )
+    result = await ask(
+        embedder,
+        "When is the store open on Saturday? and on Sunday?",
+        [Passage("Shipping", shipping, "en"), Passage("Contact and store", store, "en")],
+        latest="and on Sunday?",
+    )
+    assert "12:00–17:00" in result.text
+    assert "we ship on Monday" not in result.text
