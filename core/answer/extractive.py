@@ -23,6 +23,7 @@ How an answer is chosen, in order:
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections import OrderedDict
@@ -428,7 +429,7 @@ def _ranges(text: str) -> list[tuple[float, float]]:
     return out
 
 
-def _cognate(term: str, plain: set[str]) -> bool:
+def _cognate(term: str, plain: frozenset[str]) -> bool:
     """A word of ``plain`` is ``term`` in another language: they share most of the shorter
     one's letters from the start ("belgie", "belgium"), not just a first part ("wassersaule",
     "wasserdicht")."""
@@ -463,6 +464,18 @@ def _sort_of(term: str) -> str | None:
     return "number" if numeral(term) is not None else None
 
 
+@functools.lru_cache(maxsize=50_000)
+def _word_forms(text: str, language: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """A text's words folded, stemmed and cut to their first five letters: the same pages are
+    read turn after turn."""
+    folded = [fold(w) for w in words(text)]
+    return (
+        frozenset(folded),
+        frozenset(stem(w, language) for w in folded),
+        frozenset(w[:5] for w in folded),
+    )
+
+
 class _Matcher:
     """Whether a piece of text contains a question's key words, by stem or by a shared
     beginning across languages ("België", "Belgium", "Belgien")."""
@@ -478,9 +491,8 @@ class _Matcher:
         self.stems = {t: stem(t, self.language) for t in self.terms}
         self.name_words = {fold(w) for name in question.names for w in words(name)}
 
-    def _forms(self, text: str) -> tuple[set[str], set[str], set[str]]:
-        folded = [fold(w) for w in words(text)]
-        return set(folded), {stem(w, self.language) for w in folded}, {w[:5] for w in folded}
+    def _forms(self, text: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+        return _word_forms(text, self.language)
 
     def found(self, text: str) -> dict[str, float]:
         """Key word -> 1.0 for the same stem, 0.7 for a number inside a range ("44" in

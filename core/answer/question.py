@@ -340,6 +340,7 @@ def _stemmer(language: str) -> object:
     return snowballstemmer.stemmer(_STEMMERS.get(language, "english"))
 
 
+@functools.lru_cache(maxsize=200_000)
 def stem(word: str, language: str) -> str:
     return str(_stemmer(language.split("-")[0]).stemWord(fold(word)))  # type: ignore[attr-defined]
 
