@@ -8,6 +8,8 @@ The hierarchy::
     ├── Unavailable                 a backing service cannot be reached
     │   ├── StoreUnavailable        PostgreSQL
     │   ├── CacheUnavailable        Redis (readiness reports it; requests never see it)
+    │   ├── ModelFailed             the language model failed a request; ``transient`` says
+    │   │                           whether trying again later may work
     │   └── AdminDisabled           no admin token and no staff account: nobody can sign in
     ├── InvalidInput                a request or a command argument is malformed
     ├── NotFound                    something named does not exist
@@ -52,6 +54,16 @@ class StoreUnavailable(Unavailable):
 
 class CacheUnavailable(Unavailable):
     code = "cache_unavailable"
+
+
+class ModelFailed(Unavailable):
+    """The language model failed a request. ``transient`` (a 5xx, a 429, a timeout, a
+    connection that failed) means the same request may work later; otherwise (a 400, 401,
+    403 or 404) it never will until the request, the key or the model name changes."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class AdminDisabled(Unavailable):

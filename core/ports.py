@@ -111,7 +111,8 @@ class ChatChunk:
 
 
 class ChatModel(Protocol):
-    """An LLM that streams replies; failures raise `core.errors.Unavailable`."""
+    """An LLM that streams replies; failures raise `core.errors.Unavailable`, preferably its
+    `ModelFailed`, which says whether trying again later may work."""
 
     @property
     def model(self) -> str: ...

@@ -126,8 +126,12 @@ class Settings(BaseSettings):
     # the 8 s its Bot API server may itself wait (flood control) before it answers.
     twilio_send_timeout_seconds: float = Field(15.0, gt=0, le=50)
     telegram_send_timeout_seconds: float = Field(30.0, gt=8, le=50)
-    # Conversations one worker process answers at once (`parley worker --concurrency N`).
-    worker_concurrency: int = Field(8, ge=1, le=256)
+    # WhatsApp / Telegram turns one worker process has in flight at once (`parley worker
+    # --concurrency N`); most of them wait on the model, which costs them no work slot.
+    worker_concurrency: int = Field(64, ge=1, le=1024)
+    # Of those, how many do their own work (embedding, search, quoting, saving) at once: a
+    # few, so the cores and the database pool are not shared by dozens of turns' work.
+    worker_cpu_slots: int = Field(4, ge=1, le=64)
     # WhatsApp / Telegram messages of one chat this close together are answered as one turn.
     burst_window_seconds: float = Field(2.0, ge=0, le=60)
     # A message arriving while its chat's reply is made: drop that reply, answer both at once.

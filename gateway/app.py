@@ -17,6 +17,7 @@ from channels.web_events import WidgetEvents
 from core.answer.factory import build_pipeline
 from core.cache import open_cache
 from core.handoff import ConversationFeed, Handoff
+from core.llm.limits import ModelLimits
 from core.llm.openai_chat import close_chat_model, open_chat_model
 from core.retrieval.embedders import EmbedderIdentity, close_embedder, open_embedder
 from core.settings import Settings
@@ -38,6 +39,7 @@ from gateway.keys import (
     HANDOFF,
     HTTP,
     METRICS,
+    MODEL_LIMITS,
     SETTINGS,
     TELEGRAM_CHANNEL,
     TWILIO_CHANNEL,
@@ -115,7 +117,16 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     pool = app[DATABASE].pool
     chat = open_chat_model(settings)
     agents = Agents(pool, fresh_for=AGENT_FRESH_SECONDS)
-    pipeline = build_pipeline(settings, pool, app[CACHE], app[EMBEDDER], app[HTTP], chat, agents)
+    pipeline = build_pipeline(
+        settings,
+        pool,
+        app[CACHE],
+        app[EMBEDDER],
+        app[HTTP],
+        chat,
+        agents,
+        limits=app[MODEL_LIMITS],
+    )
     app[WEB_CHANNEL] = WebChannel(pipeline, agents, app[CACHE], settings.public_url)
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
     app[WIDGET_EVENTS] = WidgetEvents(app[WEB_CHANNEL], agents, app[CACHE], app[CONVERSATION_FEED])
@@ -133,7 +144,9 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
 
 async def _services(app: web.Application) -> AsyncIterator[None]:
     """The messaging workers, in-process, sharing the gateway's pool, cache and embedder."""
-    runtime = Runtime(app[SETTINGS], app[DATABASE], app[CACHE], app[EMBEDDER], app[HTTP])
+    runtime = Runtime(
+        app[SETTINGS], app[DATABASE], app[CACHE], app[EMBEDDER], app[HTTP], app[MODEL_LIMITS]
+    )
     tasks = start_services(runtime)
     yield
     await stop_services(tasks)
@@ -163,6 +176,7 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
+    app[MODEL_LIMITS] = ModelLimits()
     app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _handoff, _channels])
     app.on_shutdown.append(_end_streams)
     setup_admin(app)

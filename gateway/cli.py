@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=int,
         metavar="N",
-        help="conversations answered at once (default PARLEY_WORKER_CONCURRENCY, 8)",
+        help="conversations answered at once, most of them waiting on the model "
+        "(default PARLEY_WORKER_CONCURRENCY, 64)",
     )
     commands.add_parser("migrate", help="apply database migrations and exit")
     agents.register(commands)

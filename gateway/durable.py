@@ -41,7 +41,14 @@ async def run_inbox_worker(runtime: Runtime) -> None:
     chat = open_chat_model(settings)
     agents = Agents(pool, fresh_for=AGENT_FRESH_SECONDS)
     pipeline = build_pipeline(
-        settings, pool, runtime.cache, runtime.embedder, runtime.http, chat, agents
+        settings,
+        pool,
+        runtime.cache,
+        runtime.embedder,
+        runtime.http,
+        chat,
+        agents,
+        limits=runtime.model_limits,
     )
     splitters = reply_splitters()
     typing_sender = (
@@ -59,12 +66,15 @@ async def run_inbox_worker(runtime: Runtime) -> None:
             pipeline,
             burst_window=settings.burst_window_seconds,
             concurrency=settings.worker_concurrency,
+            cpu_slots=settings.worker_cpu_slots,
+            limits=runtime.model_limits,
             redo_when_superseded=settings.redo_when_superseded,
             splitters=splitters,
             typing=typing,
             memory=pipeline.memory,
             backoff=Backoff(limit=settings.inbox_retry_hours * 3600),
             holding_after=settings.holding_message_seconds,
+            queued=runtime.outbox_queued.set,
         ).run()
     finally:
         await pipeline.memory.drain(within=SUMMARY_DRAIN_SECONDS)
@@ -150,6 +160,6 @@ async def run_outbox_sender(runtime: Runtime) -> None:
         runtime.settings, Agents(runtime.database.pool, fresh_for=AGENT_FRESH_SECONDS)
     )
     try:
-        await OutboxSender(runtime.database.pool, senders).run()
+        await OutboxSender(runtime.database.pool, senders, wake=runtime.outbox_queued).run()
     finally:
         await senders.close()

@@ -12,6 +12,7 @@ from channels.twilio import TwilioChannel
 from channels.web import WebChannel
 from channels.web_events import WidgetEvents
 from core.handoff import ConversationFeed, Handoff
+from core.llm.limits import ModelLimits
 from core.ports import Cache, Embedder
 from core.settings import Settings
 from core.store import Database
@@ -23,6 +24,8 @@ DATABASE = web.AppKey("database", Database)
 CACHE = web.AppKey("cache", Cache)
 EMBEDDER = web.AppKey("embedder", Embedder)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
+# The per-agent model limits, shared by the widget's pipeline and the in-process workers'.
+MODEL_LIMITS = web.AppKey("model_limits", ModelLimits)
 METRICS = web.AppKey("metrics", HttpMetrics)
 WEB_CHANNEL = web.AppKey("web_channel", WebChannel)
 API_CHANNEL = web.AppKey("api_channel", ApiChannel)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from core.cache import open_cache
+from core.llm.limits import ModelLimits
 from core.ports import Cache, Embedder
 from core.retrieval.embedders import EmbedderIdentity, close_embedder, open_embedder
 from core.settings import Settings
@@ -25,6 +27,10 @@ class Runtime:
     cache: Cache
     embedder: Embedder
     http: aiohttp.ClientSession
+    # One per process: every pipeline it builds counts the agents' model calls together.
+    model_limits: ModelLimits = field(default_factory=ModelLimits)
+    # Set when this process queues a reply: its outbox sender sends it without waiting to poll.
+    outbox_queued: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @asynccontextmanager

@@ -30,7 +30,8 @@ SERVICES: dict[str, Service] = {
 
 
 async def run_worker(settings: Settings) -> None:
-    async with open_runtime(settings) as runtime:
+    # A connection per work slot, and a few for claims, lease renewals, the outbox and jobs.
+    async with open_runtime(settings, pool_size=settings.worker_cpu_slots + 4) as runtime:
         await _run_until_signalled(runtime)
 
 

@@ -10,6 +10,7 @@ import asyncpg
 
 from core.answer.pipeline import AnswerPipeline, PipelineConfig
 from core.answer.rewrite import QueryRewriter
+from core.llm.limits import ModelLimits
 from core.memory import build_memory
 from core.ports import Cache, ChatModel, Embedder
 from core.retrieval.retriever import build_retriever
@@ -30,7 +31,10 @@ def build_pipeline(
     agents: Agents | None = None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     config: PipelineConfig | None = None,
+    limits: ModelLimits | None = None,
 ) -> AnswerPipeline:
+    """``limits``: the process's per-agent model limits, shared by every pipeline it builds
+    (each gets its own without)."""
     config = config or PipelineConfig(
         rewrite_model=settings.rewrite_model, rewrite_timeout_ms=settings.rewrite_timeout_ms
     )
@@ -48,4 +52,5 @@ def build_pipeline(
         config=config,
         clock=clock,
         handoff=HandoffStore(pool),
+        limits=limits,
     )

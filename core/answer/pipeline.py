@@ -21,12 +21,14 @@ from core.answer.postprocess import postprocess
 from core.answer.prompt import PromptInput, PromptSource, build_messages, secret_text
 from core.answer.question import Question, guess_language, name_found
 from core.answer.rewrite import QueryRewriter
-from core.errors import Unavailable
+from core.errors import ModelFailed, Unavailable
 from core.knowledge.locale import detect_language, language_of, locale_from_url
+from core.llm.limits import ModelLimits
 from core.memory import ConversationMemory
-from core.ports import ChatModel, Embedder, Usage
+from core.ports import ChatMessage, ChatModel, Embedder, Usage
 from core.retrieval.boosts import same_page
 from core.retrieval.retriever import Hit, RetrievalQuery, Retriever
+from core.slots import network_wait
 from core.store.agents import Agent, Agents
 from core.store.conversations import Conversations, TurnRecord
 from core.store.curated import CuratedAnswers
@@ -85,6 +87,10 @@ class TurnOutcome:
     conversation_id: int | None = None
     turn_id: int | None = None
     error: str | None = None
+    # With an error: whether the same turn may work later (the model was down or busy), and
+    # what failed, for the operator.
+    error_transient: bool = True
+    error_detail: str = ""
     searched: str | None = None  # the self-contained search query, when it differs
 
 
@@ -195,6 +201,7 @@ class AnswerPipeline:
         config: PipelineConfig,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         handoff: HandoffStore | None = None,
+        limits: ModelLimits | None = None,
     ) -> None:
         self._agents = agents
         self._conversations = conversations
@@ -207,6 +214,7 @@ class AnswerPipeline:
         self._config = config
         self._clock = clock
         self._handoff = handoff
+        self._limits = limits or ModelLimits()
 
     @property
     def memory(self) -> ConversationMemory:
@@ -304,7 +312,13 @@ class AnswerPipeline:
         trace.lap("generate", step)
         if generated.error is not None:
             await out.emit(TurnEvent.error(generated.error, generated.message))
-            return TurnOutcome(answer="", mode=generated.mode, error=generated.error)
+            return TurnOutcome(
+                answer="",
+                mode=generated.mode,
+                error=generated.error,
+                error_transient=generated.transient,
+                error_detail=generated.detail or generated.message,
+            )
         if self._chat is not None:
             # Only the stored confidence needs the quote: worked out after the stream, it
             # adds nothing to the time the visitor waits for the first word.
@@ -632,6 +646,30 @@ class AnswerPipeline:
             )
         )
         guard = StreamGuard(secret_text())
+        try:
+            # The model's wait costs no work slot; the agent's limits are waited for first.
+            async with network_wait(), self._limits.call(agent.id, settings):
+                return await self._stream(agent, messages, language, guard, out, trace)
+        except Unavailable as exc:
+            # The chat model has logged why; the visitor gets llm_failed and may retry.
+            transient = not isinstance(exc, ModelFailed) or exc.transient
+            return _Generated.failed(
+                "the answer could not be generated",
+                self._chat.model,
+                transient=transient,
+                detail=exc.message,
+            )
+
+    async def _stream(
+        self,
+        agent: Agent,
+        messages: Sequence[ChatMessage],
+        language: str,
+        guard: StreamGuard,
+        out: _Output,
+        trace: _Trace,
+    ) -> _Generated:
+        assert self._chat is not None
         answer = ""
         released = 0
         usage: Usage | None = None
@@ -664,9 +702,6 @@ class AnswerPipeline:
                 released = len(answer)
                 if out.gone:
                     break  # the visitor left: stop paying for tokens nobody reads
-        except Unavailable:
-            # The chat model has logged why; the visitor gets llm_failed and may retry.
-            return _Generated.failed("the answer could not be generated", self._chat.model)
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         if not out.gone and (not answer.strip() or guard.check(answer) in ("hold", "wordless")):
@@ -686,10 +721,22 @@ class _Generated:
     error: str | None = None
     message: str = ""
     deferred: bool = False
+    transient: bool = True  # with an error: whether a later try may work
+    detail: str = ""
 
     @classmethod
-    def failed(cls, message: str, model: str) -> _Generated:
-        return cls(text="", mode="llm", model=model, error="llm_failed", message=message)
+    def failed(
+        cls, message: str, model: str, *, transient: bool = True, detail: str = ""
+    ) -> _Generated:
+        return cls(
+            text="",
+            mode="llm",
+            model=model,
+            error="llm_failed",
+            message=message,
+            transient=transient,
+            detail=detail,
+        )
 
     def usage_dict(self) -> dict[str, int] | None:
         if self.usage is None:

@@ -16,6 +16,7 @@ from typing import Literal
 from core.answer.question import guess_language, key_words, names_in, wanted_kinds
 from core.errors import Unavailable
 from core.ports import Cache, ChatMessage, ChatModel
+from core.slots import network_wait
 
 log = logging.getLogger(__name__)
 
@@ -164,16 +165,19 @@ class QueryRewriter:
         if page_subject:
             transcript = f"(the visitor is on the page about: {page_subject})\n{transcript}"
         try:
-            text = await self._chat.complete(
-                [
-                    ChatMessage("system", REWRITE_INSTRUCTIONS),
-                    ChatMessage("user", f"Conversation:\n{transcript}\n\nLast message: {question}"),
-                ],
-                max_tokens=MAX_TOKENS,
-                temperature=0.0,
-                model=self._model,
-                timeout=self._timeout,
-            )
+            async with network_wait():  # the model's wait costs the turn no work slot
+                text = await self._chat.complete(
+                    [
+                        ChatMessage("system", REWRITE_INSTRUCTIONS),
+                        ChatMessage(
+                            "user", f"Conversation:\n{transcript}\n\nLast message: {question}"
+                        ),
+                    ],
+                    max_tokens=MAX_TOKENS,
+                    temperature=0.0,
+                    model=self._model,
+                    timeout=self._timeout,
+                )
         except Unavailable as exc:
             reason = "timeout" if "timeout" in exc.message.lower() else "error"
             log.info("rewrite.fallback reason=%s", reason)

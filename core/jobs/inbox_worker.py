@@ -8,17 +8,29 @@ ends, then another worker takes them. The reply parts and the rows' 'done' are w
 transaction, and a worker whose lease was taken over writes nothing, so each burst gets
 exactly one reply.
 
+A turn spends most of its time waiting for the language model. Its own work (embedding,
+searching, quoting, saving) runs in one of a few work slots (`core.slots`), given back while
+it waits on the model; many turns (``concurrency``) may be in flight at once. The claim loop
+takes a conversation only when a slot is free to start on it at once, so a process never sits
+on messages another process could be answering, and takes none of an agent whose answers
+already wait for its model limits (`core.llm.limits`): other agents' customers need not wait
+behind them.
+
 A turn that fails because a service is down (the model, PostgreSQL, Redis) is tried again
 with exponential back-off until it succeeds or its time limit passes; only errors that no
-retry can mend end a row at once. A customer still waiting after ``holding_after`` seconds
-is told once, through the outbox like any reply, that the answer is delayed.
+retry can mend (a request the model refuses, such as a wrong key or model name, or a
+message that can never become a turn) end a row at once. A customer still waiting after
+``holding_after`` seconds is told once, through the outbox like any reply, that the answer
+is delayed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -29,9 +41,11 @@ import redis.exceptions
 from core.answer.phrases import phrase
 from core.answer.pipeline import AnswerPipeline, SourceRef
 from core.answer.question import guess_language
-from core.errors import ParleyError, Unavailable
+from core.errors import ModelFailed, ParleyError, Unavailable
 from core.knowledge.locale import detect_language
+from core.llm.limits import ModelLimits
 from core.memory import ConversationMemory
+from core.slots import Slot, WorkSlots, working_in
 from core.store.agents import Agents
 from core.store.conversations import Conversations, TurnRecord, discard_turn, reply_message_id
 from core.store.handoff import HandoffStore
@@ -115,6 +129,8 @@ FailureKind = Literal["transient", "permanent", "unexpected"]
 def failure_kind(exc: BaseException) -> FailureKind:
     """Whether a failed turn is worth trying again: ``transient`` (a service was down; tried
     until the time limit), ``permanent`` (never), ``unexpected`` (a bug, perhaps: a few times)."""
+    if isinstance(exc, ModelFailed) and not exc.transient:
+        return "permanent"  # the model refused the request itself: a 400, 401, 403, 404
     if isinstance(exc, _TRANSIENT):
         return "transient"
     if isinstance(exc, _PERMANENT):
@@ -141,7 +157,10 @@ class _Reply:
 
 
 class InboxWorker:
-    """Answers waiting inbox rows, one conversation at a time, conversations in parallel.
+    """Answers waiting inbox rows, one conversation at a time, conversations in parallel:
+    up to ``concurrency`` turns in flight, of which ``cpu_slots`` do their own work at once
+    (the others wait on the model). ``limits`` are the pipeline's model limits: an agent
+    whose answers wait for them gets no more of its conversations claimed meanwhile.
 
     ``splitters`` split a reply into parts for a channel and list the sources it cites at
     the end (core imports no channel, so the gateway passes e.g.
@@ -151,7 +170,8 @@ class InboxWorker:
     A failed turn goes back to waiting: after a transient failure with ``backoff``, until its
     time limit; after an unexpected one likewise, but for ``max_attempts`` tries in all; after
     a permanent one it fails at once. ``holding_after`` seconds after a message came in
-    without an answer, the customer gets the holding sentence once (0: never).
+    without an answer, the customer gets the holding sentence once (0: never). ``queued`` is
+    called after a reply or a holding message went into the outbox.
     """
 
     def __init__(
@@ -161,8 +181,10 @@ class InboxWorker:
         *,
         burst_window: float = 2.0,
         lease: float = 60.0,
-        concurrency: int = 8,
-        poll_interval: float = 0.5,
+        concurrency: int = 64,
+        cpu_slots: int = 4,
+        limits: ModelLimits | None = None,
+        poll_interval: float = 0.25,
         max_attempts: int = 3,
         max_rows: int = 20,
         splitters: Mapping[str, Splitter] | None = None,
@@ -171,6 +193,7 @@ class InboxWorker:
         memory: ConversationMemory | None = None,
         backoff: Backoff | None = None,
         holding_after: float = 30.0,
+        queued: Callable[[], None] | None = None,
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
@@ -181,6 +204,12 @@ class InboxWorker:
         self._burst = burst_window
         self._lease = lease
         self._concurrency = concurrency
+        self._slots = WorkSlots(cpu_slots, on_free=self._wake_up)
+        self._limits = limits
+        # Turns in flight per agent, and whether the claim loop stopped for want of room.
+        self._in_flight: Counter[int] = Counter()
+        self._room = asyncio.Event()
+        self._full = False
         self._poll = poll_interval
         self._max_attempts = max_attempts
         self._max_rows = max_rows
@@ -191,6 +220,12 @@ class InboxWorker:
         self._memory = memory
         self._backoff = backoff or Backoff()
         self._holding_after = holding_after
+        # Told whenever messages were queued in the outbox (the sender may send them at once).
+        self._queued = queued or (lambda: None)
+
+    @property
+    def slots(self) -> WorkSlots:
+        return self._slots
 
     async def run(self) -> None:
         """Claim and answer until cancelled; a cancelled turn's rows wait for their lease.
@@ -209,33 +244,79 @@ class InboxWorker:
                         holding_pause = self._poll
                     else:
                         holding_pause = min(holding_pause * 2, _MAX_LOOP_PAUSE)
-                        holding_due = loop.time() + holding_pause
+                    holding_due = loop.time() + holding_pause
                 if await _survived("claim", self._claim_into(tasks)):
                     pause = self._poll
                 else:
                     pause = min(pause * 2, _MAX_LOOP_PAUSE)
-                await asyncio.sleep(pause)
+                    self._full = False
+                if self._full:
+                    # Stopped for want of a slot, not of work: carry on as soon as one frees.
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(self._room.wait(), pause)
+                else:
+                    await asyncio.sleep(pause)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _wake_up(self) -> None:
+        self._room.set()
+
     async def _claim_into(self, tasks: set[asyncio.Task[None]]) -> None:
-        """Claim conversations and start answering them, up to ``concurrency`` at once."""
+        """Claim conversations while a work slot is free, up to ``concurrency`` in flight."""
+        self._room.clear()  # from here on, any slot that frees wakes the loop again
+        self._full = True
         while len(tasks) < self._concurrency:
-            claim = await self._claim()
-            if claim is None:
+            slots: list[Slot] = []
+            while len(slots) < self._concurrency - len(tasks):
+                slot = self._slots.try_take()
+                if slot is None:
+                    break
+                slots.append(slot)
+            if not slots:
                 return
-            task = asyncio.create_task(self._answer(claim))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            claims: list[InboxClaim] = []
+            try:
+                claims = await self._leases.claim_many(
+                    len(slots),
+                    quiet_for=self._burst,
+                    lease=self._lease,
+                    max_rows=self._max_rows,
+                    skip_agents=self._agents_held_back(),
+                )
+            finally:
+                for slot in slots[len(claims) :]:
+                    slot.give_back()
+            for claim, slot in zip(claims, slots, strict=False):
+                task = asyncio.create_task(self._answer(claim, slot))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                task.add_done_callback(lambda _: self._wake_up())
+            if len(claims) < len(slots):
+                self._full = False  # nothing more is ready
+                return
+
+    def _agents_held_back(self) -> list[int]:
+        """Agents whose answers wait for their model limits in this process."""
+        if self._limits is None:
+            return []
+        limits = self._limits
+        return [agent for agent, n in self._in_flight.items() if n and limits.waiting(agent)]
 
     async def process_next(self) -> bool:
         """Claim one conversation and answer it now; False when none is ready."""
-        claim = await self._claim()
+        slot = await self._slots.take()
+        try:
+            claim = await self._claim()
+        except BaseException:
+            slot.give_back()
+            raise
         if claim is None:
+            slot.give_back()
             return False
-        await self._answer(claim)
+        await self._answer(claim, slot)
         return True
 
     async def _claim(self) -> InboxClaim | None:
@@ -245,7 +326,19 @@ class InboxWorker:
 
     # -- answering ------------------------------------------------------------------------
 
-    async def _answer(self, claim: InboxClaim) -> None:
+    async def _answer(self, claim: InboxClaim, slot: Slot) -> None:
+        """Answer the claim with the work slot given (released at the end)."""
+        agent_id = claim.first.agent_id
+        self._in_flight[agent_id] += 1
+        try:
+            with working_in(slot):
+                await self._answer_in_slot(claim)
+        finally:
+            self._in_flight[agent_id] -= 1
+            if not self._in_flight[agent_id]:
+                del self._in_flight[agent_id]
+
+    async def _answer_in_slot(self, claim: InboxClaim) -> None:
         first = claim.first
         holder: list[InboxClaim] = [claim]
         stop = asyncio.Event()
@@ -284,6 +377,7 @@ class InboxWorker:
                 exc,
             )
             return
+        self._queued()
         log.info(
             "inbox.turn.answered channel=%s inbox_id=%d messages=%d",
             first.channel,
@@ -355,6 +449,13 @@ class InboxWorker:
             writing_rule=WRITING_RULES.get(first.channel),
         )
         outcome = await self._pipeline.run(request, CollectingTurnOutput())
+        if outcome.error is not None and not outcome.error_transient:
+            # The model refused the request itself (a wrong key or model name...): no later
+            # try gets another answer until staff mend it and take the message up again.
+            raise ModelFailed(
+                f"the answer could not be generated ({outcome.error}: {outcome.error_detail})",
+                transient=False,
+            )
         if outcome.error is not None:
             # The model failed or said nothing: it may well answer on a later try.
             raise Unavailable(f"the answer could not be generated ({outcome.error})")
@@ -514,6 +615,7 @@ class InboxWorker:
                     conversation_id=holding.conversation_id,
                 )
             sent += 1
+            self._queued()
             log.info(
                 "inbox.holding.queued channel=%s inbox_id=%d language=%s",
                 conversation.channel,

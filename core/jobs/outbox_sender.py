@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 import asyncpg
 
+from core.errors import StoreUnavailable
 from core.store.outbox import Outbox, OutboxRow
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,19 @@ class DeliveryFailure(Protocol):
     ambiguous: bool
 
 
+# Longest pause of the sending loop while the database cannot be reached.
+_MAX_LOOP_PAUSE = 30.0
+# Failures of the database or the network, logged without a traceback: they mend themselves.
+_DOWN: tuple[type[BaseException], ...] = (
+    OSError,  # connection refused or reset
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.InterfaceError,  # the pool was closed, or a connection was lost mid-query
+    StoreUnavailable,
+)
+
 # Delivery states a found message may already be in, past plain 'sent'.
 _LATER_STATES = frozenset({"delivered", "read", "failed", "undelivered"})
 
@@ -79,7 +94,8 @@ class OutboxSender:
     (Telegram) send the part again without asking.
 
     Every send and look-up must give up well within ``lease`` seconds, or another sender
-    could take the part while it is still being sent.
+    could take the part while it is still being sent. Without work it looks again every
+    ``poll_interval`` seconds, or as soon as ``wake`` is set (by whatever queued a part).
     """
 
     def __init__(
@@ -94,8 +110,11 @@ class OutboxSender:
         max_backoff: float = 600.0,
         max_attempts: int = 8,
         max_lookups: int = 3,
+        wake: asyncio.Event | None = None,
     ) -> None:
         self._outbox = Outbox(pool)
+        # Set when this process queues a part: sent at once rather than at the next poll.
+        self._wake = wake or asyncio.Event()
         self._senders = senders
         self._batch = batch
         self._lease = lease
@@ -106,16 +125,40 @@ class OutboxSender:
         self._max_lookups = max_lookups
 
     async def run(self) -> None:
-        """Send until cancelled."""
+        """Send until cancelled.
+
+        The loop outlives a database outage (or any failing batch): it logs, pauses longer
+        each time in a row a batch fails, and carries on once it can. A part whose send
+        could not be recorded stays claimed; once its lease ends it is settled like one
+        whose sender died (looked up where the channel allows, else sent again).
+        """
+        pause = self._poll
         while True:
-            if not await self.send_due():
-                await asyncio.sleep(self._poll)
+            self._wake.clear()  # a part queued from here on wakes the loop below
+            try:
+                claimed = await self.send_due()
+            except Exception as exc:
+                pause = min(pause * 2, _MAX_LOOP_PAUSE)
+                if isinstance(exc, _DOWN):
+                    log.warning("outbox.poll.failed error=%r pause=%.1f", exc, pause)
+                else:
+                    log.exception("outbox.poll.failed pause=%.1f", pause)
+                await asyncio.sleep(pause)
+                continue
+            pause = self._poll
+            if not claimed:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._poll)
 
     async def send_due(self) -> int:
-        """Claim and send one batch; the number of parts claimed."""
+        """Claim and send one batch; the number of parts claimed. Raises the first failure
+        of the batch (after every part of it has been tried)."""
         rows = await self._outbox.claim(self._batch, self._lease)
         # At most one row per chat is claimed at a time, so these never race each other.
-        await asyncio.gather(*(self._send(row) for row in rows))
+        results = await asyncio.gather(*(self._send(row) for row in rows), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
         return len(rows)
 
     async def _sender(self, row: OutboxRow) -> PartSender | None:

@@ -18,7 +18,7 @@ from tenacity import (
     wait_random,
 )
 
-from core.errors import Unavailable
+from core.errors import ModelFailed
 from core.ports import ChatChunk, ChatMessage, ChatModel, Usage
 from core.settings import Settings
 
@@ -47,6 +47,19 @@ def _reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+# Answers that a later try of the same request may not get: rate limits, overload, a lock.
+_RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether the same request may work later: a 5xx, 408, 409 or 429 answer, a timeout, a
+    failed connection, a malformed reply may; any other 4xx (a bad request, a wrong key or
+    model name, no access) will not until the request or the account changes."""
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500 or exc.status_code in _RETRYABLE_STATUSES
+    return True
+
+
 def _wire(messages: Sequence[ChatMessage]) -> list[ChatCompletionMessageParam]:
     wire: list[ChatCompletionMessageParam] = []
     for message in messages:
@@ -66,7 +79,8 @@ def _usage(chunk: ChatCompletionChunk) -> Usage | None:
 
 
 class OpenAIChatModel:
-    """Streams replies from an OpenAI-compatible API; every failure is `Unavailable`.
+    """Streams replies from an OpenAI-compatible API; every failure is `ModelFailed`, which
+    says whether trying again later may work.
 
     ``first_token_timeout`` bounds the wait for the first piece of text (connecting and
     one quick retry of a transient failure included), ``total_timeout`` the whole reply.
@@ -108,10 +122,10 @@ class OpenAIChatModel:
                 return await call()
         raise AssertionError("unreachable: tenacity reraises the last error")
 
-    def _failed(self, what: str, model: str, exc: BaseException) -> Unavailable:
-        reason = _reason(exc)
-        log.warning("llm.%s.failed model=%s reason=%s", what, model, reason)
-        return Unavailable(f"language model failed: {reason}")
+    def _failed(self, what: str, model: str, exc: BaseException) -> ModelFailed:
+        reason, transient = _reason(exc), _transient(exc)
+        log.warning("llm.%s.failed model=%s reason=%s transient=%s", what, model, reason, transient)
+        return ModelFailed(f"language model failed: {reason}", transient=transient)
 
     async def stream(
         self,

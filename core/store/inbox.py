@@ -228,19 +228,45 @@ class InboxLeases:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def claim(self, *, quiet_for: float, lease: float, max_rows: int) -> InboxClaim | None:
+    async def claim(
+        self,
+        *,
+        quiet_for: float,
+        lease: float,
+        max_rows: int,
+        skip_agents: Sequence[int] = (),
+    ) -> InboxClaim | None:
         """The oldest conversation whose newest waiting message is ``quiet_for`` seconds old."""
+        claims = await self.claim_many(
+            1, quiet_for=quiet_for, lease=lease, max_rows=max_rows, skip_agents=skip_agents
+        )
+        return claims[0] if claims else None
+
+    async def claim_many(
+        self,
+        count: int,
+        *,
+        quiet_for: float,
+        lease: float,
+        max_rows: int,
+        skip_agents: Sequence[int] = (),
+    ) -> list[InboxClaim]:
+        """Up to ``count`` conversations whose newest waiting message is ``quiet_for`` seconds
+        old, oldest first, in one transaction; none of ``skip_agents``' (their answers are
+        waiting for the model's limits already)."""
+        claims: list[InboxClaim] = []
         async with self._pool.acquire() as conn, conn.transaction():
             # The oldest open messages of conversations that are ready: quiet for the burst
             # window, not being answered and not backing off. Walking the received_at index
-            # stops after _CANDIDATES ready rows, so a claim costs the same however long the
-            # backlog of ready rows is; rows backing off after an outage are stepped over on
-            # the way, a cost that ends with the outage.
+            # stops after a bounded number of ready rows, so a claim costs the same however
+            # long the backlog of ready rows is; rows backing off after an outage are stepped
+            # over on the way, a cost that ends with the outage.
             candidates = await conn.fetch(
                 f"""SELECT agent_id, channel, conversation_key FROM (
                         SELECT i.agent_id, i.channel, i.conversation_key, i.received_at
                           FROM inbox i
                          WHERE i.status IN ('pending', 'processing') AND {_claimable("i")}
+                           AND NOT (i.agent_id = ANY($2::bigint[]))
                            AND NOT EXISTS (
                                SELECT 1 FROM inbox n
                                 WHERE n.agent_id = i.agent_id AND n.channel = i.channel
@@ -250,11 +276,14 @@ class InboxLeases:
                                        OR ({_claimable("n")} AND n.received_at
                                            > now() - make_interval(secs => $1))))
                          ORDER BY i.received_at
-                         LIMIT {_CANDIDATES}) ready
+                         LIMIT $3) ready
                      GROUP BY agent_id, channel, conversation_key
                      ORDER BY min(received_at)
-                     LIMIT 10""",
+                     LIMIT $4""",
                 quiet_for,
+                list(skip_agents),
+                max(_CANDIDATES, 5 * count),
+                count + 10,  # a few to spare for those another worker takes meanwhile
             )
             for candidate in candidates:
                 claim = await _claim_conversation(
@@ -266,8 +295,10 @@ class InboxLeases:
                     max_rows,
                 )
                 if claim is not None:
-                    return claim
-        return None
+                    claims.append(claim)
+                    if len(claims) == count:
+                        break
+        return claims
 
     async def renew(self, claim: InboxClaim, lease: float) -> InboxClaim | None:
         """The same claim with a later lease; None when it was lost."""
@@ -363,7 +394,9 @@ async def hold(conn: Connection, conversation: ConversationRef, after: float) ->
         conversation.channel,
         conversation.conversation_key,
     )
-    if state["told"]:
+    if state["told"] or not rows:
+        # None marked: answered (or failed) since the look above, which saw them still open;
+        # a holding message now would follow the answer.
         return None
     found = await conn.fetchrow(
         """SELECT id, language FROM conversations

@@ -22,6 +22,7 @@ from core.answer.escalation import validate_handoff_settings
 from core.errors import InvalidInput
 from core.jobs.inbox_worker import message_text
 from core.knowledge.sources import SourceSpec
+from core.llm.limits import validate_llm_limits
 from core.store.agents import Agent
 from core.store.transcripts import ConversationFilter
 from core.turns import TurnEvent, TurnRequest
@@ -290,6 +291,7 @@ def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
             "channels.telegram.webhook_secret: required while the agent has a Telegram block"
         )
     validate_handoff_settings(settings)
+    validate_llm_limits(settings)
     return settings
 
 

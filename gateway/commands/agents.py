@@ -1,4 +1,4 @@
-"""`parley agent create|list|show`."""
+"""`parley agent create|list|show|update`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ import json
 from typing import Any
 
 from core.errors import InvalidInput
+from core.llm.limits import (
+    CONCURRENCY_SETTING,
+    DEFAULT_LLM_CONCURRENCY,
+    RATE_SETTING,
+    validate_llm_limits,
+)
 from core.retrieval.embedders import EmbedderIdentity
 from core.store import Agent, Agents
 from gateway.runtime import Runtime
@@ -43,6 +49,20 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             metavar="RATE/BURST",
             help=f"widget messages per second and burst per {scope}, e.g. 0.2/5",
         )
+    update.add_argument(
+        "--llm-concurrency",
+        type=int,
+        metavar="N",
+        help=f"answers the model writes at once for this agent, per process "
+        f"(default {DEFAULT_LLM_CONCURRENCY}; 0: back to the default)",
+    )
+    update.add_argument(
+        "--llm-requests-per-minute",
+        type=float,
+        metavar="N",
+        help="answers started per minute for this agent, per process (default: no limit; "
+        "0: no limit)",
+    )
 
 
 def _rate(value: str) -> list[float]:
@@ -77,8 +97,21 @@ def _changes(args: argparse.Namespace, agent: Agent) -> dict[str, Any]:
         value = getattr(args, f"rate_limit_{scope}")
         if value is not None:
             limits[scope] = _rate(value)
+    settings = dict(agent.settings)
     if limits != (agent.settings.get("rate_limits") or {}):
-        changes["settings"] = {**agent.settings, "rate_limits": limits}
+        settings["rate_limits"] = limits
+    for option, key in (
+        ("llm_concurrency", CONCURRENCY_SETTING),
+        ("llm_requests_per_minute", RATE_SETTING),
+    ):
+        value = getattr(args, option)
+        if value == 0:
+            settings.pop(key, None)
+        elif value is not None:
+            settings[key] = int(value) if float(value).is_integer() else value
+    validate_llm_limits(settings)
+    if settings != agent.settings:
+        changes["settings"] = settings
     if not changes:
         raise InvalidInput("nothing to change: give at least one option")
     return changes

@@ -85,6 +85,8 @@ class FakeOpenAI:
     streams_completed: int = 0  # streams that reached `data: [DONE]`
     disconnects: int = 0  # chat requests the client abandoned before the end
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    chats_in_flight: int = 0  # chat requests being answered now
+    most_chats_in_flight: int = 0  # the most there ever were at once
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -149,12 +151,16 @@ class FakeOpenAI:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self._record(request, body)
+        self.chats_in_flight += 1
+        self.most_chats_in_flight = max(self.most_chats_in_flight, self.chats_in_flight)
         try:
             return await self._answer(request, body)
         except asyncio.CancelledError:
             # aiohttp's test server cancels the handler when the client disconnects.
             self._gone()
             raise
+        finally:
+            self.chats_in_flight -= 1
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if self.chat_failures:

@@ -166,6 +166,8 @@ async def test_agents_are_listed_read_and_changed(admin: Admin) -> None:
         ({"persona": None}, "persona"),
         ({"settings": {"twilio": {"auth_token": "x"}}}, "settings"),
         ({"channels": {"telegram": {"bot_token": "not-a-token"}}}, "channels.telegram.bot_token"),
+        ({"settings": {"llm_concurrency": 0}}, "llm_concurrency"),
+        ({"settings": {"llm_requests_per_minute": "lots"}}, "llm_requests_per_minute"),
     ],
 )
 async def test_bad_agent_changes_are_400_naming_the_field(

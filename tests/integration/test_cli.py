@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import psutil
 
 from core.store.embedded import USERS_FILE
@@ -284,3 +287,33 @@ def test_agent_update_changes_settings_and_refuses_nonsense(
     assert "invalid agent setting" in _one_line_error(bad_threshold)
     nothing = run_parley("agent", "update", "shop", cwd=tmp_path, **env)
     assert "nothing to change" in _one_line_error(nothing)
+
+
+def test_agent_update_sets_and_clears_the_model_limits(tmp_path: Path, database_url: str) -> None:
+    env = {"PARLEY_DATABASE_URL": database_url}
+    assert run_parley("agent", "create", "shop", cwd=tmp_path, **env).returncode == 0
+    limited = run_parley(
+        "agent", "update", "shop", "--llm-concurrency", "16", "--llm-requests-per-minute", "500",
+        cwd=tmp_path, **env,
+    )  # fmt: skip
+    assert limited.returncode == 0, limited.stderr
+    settings = asyncio.run(_agent_settings(database_url, "shop"))
+    assert (settings["llm_concurrency"], settings["llm_requests_per_minute"]) == (16, 500)
+    cleared = run_parley(
+        "agent", "update", "shop", "--llm-requests-per-minute", "0", cwd=tmp_path, **env
+    )
+    assert cleared.returncode == 0, cleared.stderr
+    settings = asyncio.run(_agent_settings(database_url, "shop"))
+    assert settings["llm_concurrency"] == 16
+    assert "llm_requests_per_minute" not in settings
+    bad = run_parley("agent", "update", "shop", "--llm-concurrency", "-2", cwd=tmp_path, **env)
+    assert "llm_concurrency must be a whole number of at least 1" in _one_line_error(bad)
+
+
+async def _agent_settings(database_url: str, slug: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        settings = await conn.fetchval("SELECT settings FROM agents WHERE slug = $1", slug)
+    finally:
+        await conn.close()
+    return dict(json.loads(settings) if isinstance(settings, str) else settings)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
 from core.store import Agents, Database
-from core.store.inbox import Inbox, InboxLeases
+from core.store.inbox import ConversationRef, Inbox, InboxLeases, complete, hold
 
 CHATTY = "whatsapp:+31600000001"
 QUIET = "whatsapp:+31600000002"
@@ -61,3 +63,34 @@ async def test_a_conversation_still_typing_waits_and_an_expired_lease_is_taken_a
     assert again is not None
     assert again.ids == claim.ids
     assert await leases.renew(claim, 60) is None  # the old holder's lease is no good any more
+
+
+async def test_no_holding_message_for_messages_answered_while_it_was_being_decided(
+    database: Database, use_embedder: UseEmbedder
+) -> None:
+    agent = await Agents(database.pool).create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    await _deliver(database, agent.id, CHATTY, 1, age=60)
+    claim = await InboxLeases(database.pool).claim(quiet_for=2, lease=60, max_rows=20)
+    assert claim is not None
+    conversation = ConversationRef(agent.id, "whatsapp", CHATTY)
+
+    async def decide() -> object:
+        async with database.pool.acquire() as conn, conn.transaction():
+            return await hold(conn, conversation, after=30)
+
+    async with database.pool.acquire() as answering:
+        finishing = answering.transaction()
+        await finishing.start()
+        assert await complete(answering, claim)  # the answer is being committed ...
+        # ... while the holding message is decided: the rows still look open to it, and its
+        # marking waits for the answer's transaction to end.
+        deciding = asyncio.create_task(decide())
+        async with asyncio.timeout(10):
+            while not await database.pool.fetchval(
+                """SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'"""
+            ):
+                await asyncio.sleep(0.01)
+        await finishing.commit()
+    # Answered meanwhile: no holding message may follow the answer.
+    assert await deciding is None

@@ -274,6 +274,22 @@ async def test_a_message_no_retry_can_answer_fails_at_once(outage: Outage) -> No
     assert outage.model.chat_requests == []
 
 
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+async def test_a_request_the_model_refuses_fails_at_once(outage: Outage, status: int) -> None:
+    outage.model.chat_down_with = status
+    await outage.start_model()
+    await outage.write("Hoe lang duurt de levering naar België?")
+    worker = outage.worker()
+    assert await worker.process_next()
+    [row] = await outage.rows()
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert row["error"] == (
+        f"the answer could not be generated (llm_failed: language model failed: status {status})"
+    )
+    assert len(outage.model.chat_requests) == 1  # neither the client nor the inbox tried again
+    assert not await worker.process_next()
+
+
 async def test_a_turn_backing_off_holds_back_its_conversation(outage: Outage) -> None:
     outage.model.chat_down_with = 500
     await outage.start_model()

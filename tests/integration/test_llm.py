@@ -11,11 +11,12 @@ from dataclasses import dataclass
 import pytest
 from aiohttp.test_utils import TestServer
 
-from core.errors import Unavailable
+from core.errors import ModelFailed, Unavailable
 from core.llm.openai_chat import OpenAIChatModel, close_chat_model, open_chat_model
 from core.ports import ChatChunk, ChatMessage, Usage
 from core.settings import Settings
 from tests.fakes.openai import FakeOpenAI
+from tests.support.services import free_port
 
 KEY = "sk-test-0123456789abcdef"
 MESSAGES = [
@@ -190,6 +191,42 @@ async def test_a_client_error_is_not_retried(served: Served) -> None:
         await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
     await model.close()
     assert len(served.fake.chat_requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "transient"),
+    [(400, False), (401, False), (403, False), (404, False), (429, True), (500, True),
+     (503, True)],
+)  # fmt: skip
+async def test_a_failure_says_whether_a_later_try_may_work(
+    served: Served, status: int, transient: bool
+) -> None:
+    served.fake.chat_down_with = status
+    model = served.model(backoff=0.01)
+    with pytest.raises(ModelFailed) as streamed:
+        await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    with pytest.raises(ModelFailed) as completed:
+        await model.complete(MESSAGES, max_tokens=50, temperature=0)
+    await model.close()
+    for error in (streamed.value, completed.value):
+        assert error.message == f"language model failed: status {status}"
+        assert error.transient is transient
+
+
+async def test_timeouts_and_refused_connections_are_transient(served: Served) -> None:
+    served.fake.hang = True
+    model = served.model(first_token_timeout=0.2, total_timeout=1.0)
+    with pytest.raises(ModelFailed, match="timeout") as timed_out:
+        await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    await model.close()
+    assert timed_out.value.transient
+    nobody = OpenAIChatModel(
+        "gpt-4o-mini", api_key=KEY, base_url=f"http://127.0.0.1:{free_port()}/v1", backoff=0.01
+    )
+    with pytest.raises(ModelFailed, match="connection failed") as refused:
+        await _collect(nobody.stream(MESSAGES, max_tokens=50, temperature=0))
+    await nobody.close()
+    assert refused.value.transient
 
 
 async def test_a_connection_dropped_mid_stream_is_unavailable(served: Served) -> None:

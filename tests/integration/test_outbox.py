@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -388,3 +391,43 @@ async def test_telegram_cannot_be_asked_so_an_unanswered_part_is_sent_again(rig:
     assert rig.telegram.texts == ["hello", "hello"]
     [row] = await rig.rows()
     assert (row.status, row.provider_message_id) == ("sent", "2")
+
+
+async def test_the_sender_outlives_a_database_outage(
+    rig: Rig, database_url: str, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = urlsplit(database_url).path.lstrip("/")
+    admin = await asyncpg.connect(postgres_url)
+    # One connection of the test's own that the outage spares, to queue a part while it lasts.
+    spared = await asyncpg.connect(database_url)
+    sender = asyncio.ensure_future(rig.sender().run())
+    try:
+        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        await admin.execute(
+            """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                WHERE datname = $1 AND pid <> $2""",
+            name,
+            spared.get_server_pid(),
+        )
+        await enqueue(
+            spared, agent_id=rig.agent.id, channel="whatsapp", recipient=ALICE, parts=["Hi!"]
+        )
+
+        async def sender_saw_the_outage() -> bool:
+            return any("outbox.poll.failed" in r.getMessage() for r in caplog.records)
+
+        await wait_until(sender_saw_the_outage)
+        assert not sender.done()
+    finally:
+        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        await admin.close()
+        await spared.close()
+    try:
+        await wait_until(rig.settled)
+        assert rig.twilio.bodies == ["Hi!"]
+        [row] = await rig.rows()
+        assert row.status == "sent"
+    finally:
+        sender.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sender

@@ -236,6 +236,23 @@ async def test_a_failing_llm_is_llm_failed(rig: Rig) -> None:
     assert "sk-test" not in json.dumps(output.error)
 
 
+@pytest.mark.parametrize(("status", "transient"), [(503, True), (401, False), (404, False)])
+async def test_a_model_failure_says_whether_a_later_try_may_work(
+    rig: Rig, status: int, transient: bool
+) -> None:
+    rig.fake.chat_down_with = status
+    output = CollectingTurnOutput()
+    request = TurnRequest(
+        agent="shop", channel="whatsapp", conversation_key="whatsapp:+31612345678",
+        text="How long does delivery to Belgium take?",
+    )  # fmt: skip
+    outcome = await rig.pipeline.run(request, output)
+    # The visitor sees the same error whatever the cause; the caller learns whether to retry.
+    assert output.error == {"code": "llm_failed", "message": "the answer could not be generated"}
+    assert (outcome.error, outcome.error_transient) == ("llm_failed", transient)
+    assert outcome.error_detail == f"language model failed: status {status}"
+
+
 async def test_nothing_is_saved_until_the_stream_has_ended(rig: Rig) -> None:
     rig.fake.replies[MODEL] = ["Parcels to Belgium take two to three working days [1]."]
     rig.fake.token_delay = 0.05

@@ -7,7 +7,14 @@ import pydantic
 import pytest
 import redis.exceptions
 
-from core.errors import AgentNotFound, CacheUnavailable, InvalidInput, StoreUnavailable, Unavailable
+from core.errors import (
+    AgentNotFound,
+    CacheUnavailable,
+    InvalidInput,
+    ModelFailed,
+    StoreUnavailable,
+    Unavailable,
+)
 from core.jobs.inbox_worker import failure_kind
 from core.turns import TurnRequest
 
@@ -24,6 +31,7 @@ def _invalid_request() -> pydantic.ValidationError:
     "error",
     [
         Unavailable("language model failed: status 500"),
+        ModelFailed("language model failed: status 429"),
         StoreUnavailable("database is unreachable"),
         CacheUnavailable("redis is unreachable"),
         TimeoutError(),
@@ -43,7 +51,12 @@ def test_a_service_that_is_down_is_waited_for(error: Exception) -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [_invalid_request(), InvalidInput("bad"), AgentNotFound("gone")],
+    [
+        _invalid_request(),
+        InvalidInput("bad"),
+        AgentNotFound("gone"),
+        ModelFailed("language model failed: status 401", transient=False),
+    ],
     ids=lambda e: type(e).__name__,
 )
 def test_a_message_that_can_never_be_answered_ends(error: Exception) -> None:
