@@ -328,9 +328,9 @@ async def test_two_conversations_in_parallel_each_in_order(rig: Rig, running: Ru
     await rig.whatsapp(ALICE, "Tell me about your boots")
     await rig.whatsapp(BOB, "What are the boots made of?")
     running.start(rig.worker().run())
-    running.start(rig.sender().run())
-
     await wait_until(rig.all_done)
+    # both replies are queued: the sender sends them side by side, each chat's parts in order
+    running.start(rig.sender().run())
     await wait_until(rig.outbox_settled)
     expected = split_message(long_answer, TwilioSender.limit)
     assert len(expected) > 2
