@@ -61,6 +61,7 @@ class DeliveryFailure(Protocol):
 
 # Longest pause of the sending loop while the database cannot be reached.
 _MAX_LOOP_PAUSE = 30.0
+
 # Failures of the database or the network, logged without a traceback: they mend themselves.
 _DOWN: tuple[type[BaseException], ...] = (
     OSError,  # connection refused or reset
@@ -71,6 +72,14 @@ _DOWN: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,  # the pool was closed, or a connection was lost mid-query
     StoreUnavailable,
 )
+
+
+def _log_poll_failure(exc: Exception, pause: float) -> None:
+    if isinstance(exc, _DOWN):
+        log.warning("outbox.poll.failed error=%r pause=%.1f", exc, pause)
+    else:
+        log.exception("outbox.poll.failed pause=%.1f", pause, exc_info=exc)
+
 
 # Delivery states a found message may already be in, past plain 'sent'.
 _LATER_STATES = frozenset({"delivered", "read", "failed", "undelivered"})
@@ -127,28 +136,50 @@ class OutboxSender:
     async def run(self) -> None:
         """Send until cancelled.
 
-        The loop outlives a database outage (or any failing batch): it logs, pauses longer
-        each time in a row a batch fails, and carries on once it can. A part whose send
+        Up to ``batch`` parts are in flight at once, each on its own: a send that waits out
+        its timeout holds up its own chat, never the others, whose next parts are claimed as
+        soon as a send ends or a part is queued.
+
+        The loop outlives a database outage (or any failing claim): it logs, pauses longer
+        each time in a row a claim fails, and carries on once it can. A part whose send
         could not be recorded stays claimed; once its lease ends it is settled like one
         whose sender died (looked up where the channel allows, else sent again).
         """
         pause = self._poll
-        while True:
-            self._wake.clear()  # a part queued from here on wakes the loop below
-            try:
-                claimed = await self.send_due()
-            except Exception as exc:
-                pause = min(pause * 2, _MAX_LOOP_PAUSE)
-                if isinstance(exc, _DOWN):
-                    log.warning("outbox.poll.failed error=%r pause=%.1f", exc, pause)
-                else:
-                    log.exception("outbox.poll.failed pause=%.1f", pause)
-                await asyncio.sleep(pause)
-                continue
-            pause = self._poll
-            if not claimed:
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._poll)
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                self._wake.clear()  # a part queued or a send ended from here on wakes us
+                room = self._batch - len(in_flight)
+                claimed = 0
+                if room > 0:
+                    try:
+                        rows = await self._outbox.claim(room, self._lease)
+                    except Exception as exc:
+                        pause = min(pause * 2, _MAX_LOOP_PAUSE)
+                        _log_poll_failure(exc, pause)
+                        await asyncio.sleep(pause)
+                        continue
+                    pause = self._poll
+                    for row in rows:
+                        task = asyncio.create_task(self._send_logged(row))
+                        in_flight.add(task)
+                        task.add_done_callback(in_flight.discard)
+                        task.add_done_callback(lambda _: self._wake.set())
+                    claimed = len(rows)
+                if not claimed or len(in_flight) >= self._batch:
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self._poll)
+        finally:
+            for task in in_flight:
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _send_logged(self, row: OutboxRow) -> None:
+        try:
+            await self._send(row)
+        except Exception as exc:  # the row stays claimed; its lease ending settles it
+            _log_poll_failure(exc, self._poll)
 
     async def send_due(self) -> int:
         """Claim and send one batch; the number of parts claimed. Raises the first failure

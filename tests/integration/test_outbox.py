@@ -431,3 +431,30 @@ async def test_the_sender_outlives_a_database_outage(
         sender.cancel()
         with pytest.raises(asyncio.CancelledError):
             await sender
+
+
+async def test_a_send_waiting_on_its_provider_holds_up_no_other_chat(rig: Rig) -> None:
+    rig.telegram.answer_late_by = 4.0  # Telegram takes the message and answers only later
+    sender = asyncio.ensure_future(rig.sender().run())
+    try:
+
+        async def telegram_has_it() -> bool:
+            return rig.telegram.texts == ["slow"]
+
+        async def alice_has_both() -> bool:
+            return rig.twilio.bodies == ["Hi Alice!", "Second part"]
+
+        await rig.enqueue("telegram", "501", ["slow"])
+        await wait_until(telegram_has_it)
+        await rig.enqueue("whatsapp", ALICE, ["Hi Alice!", "Second part"])
+
+        await wait_until(alice_has_both)
+        # ... while the Telegram send still waits for its answer
+        telegram = [r for r in await rig.rows() if r.channel == "telegram"]
+        assert [r.status for r in telegram] == ["sending"]
+        await wait_until(rig.settled)
+        assert rig.telegram.texts == ["slow"]
+    finally:
+        sender.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sender
