@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +35,7 @@ from tests.conftest import MakeSettings
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 from tests.support.sse import chat
+from tests.support.waiting import wait_until
 
 VISITOR = "whatsapp:+31612345678"
 WHATSAPP_FROM = "whatsapp:+14155238886"
@@ -47,12 +48,6 @@ PAGES = [
     {"url": "/en/shipping", "title": "Shipping", "lang": "en",
      "text": "# Shipping\nOrders to Belgium arrive in 2-3 working days. Shipping costs 4.95 euro."},
 ]  # fmt: skip
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.05)
 
 
 async def _shop(database: Database, embedder: UseEmbedder, tmp_path: Path) -> Agent:

@@ -31,7 +31,8 @@ from core.store.inbox import Inbox
 from core.store.knowledge import KnowledgeStore
 from gateway.durable import reply_splitters
 from tests.fakes.openai import FakeOpenAI
-from tests.integration.test_inbox_worker import Running, wait_until
+from tests.integration.test_inbox_worker import Running
+from tests.support.waiting import wait_until
 
 PAGES = [
     {"url": "https://shop.example/en/shipping", "title": "Shipping", "lang": "en",

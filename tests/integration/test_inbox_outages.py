@@ -37,9 +37,10 @@ from core.store.knowledge import KnowledgeStore
 from gateway.durable import reply_splitters
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
-from tests.integration.test_inbox_worker import Running, wait_until
+from tests.integration.test_inbox_worker import Running
 from tests.support.cli import run_parley
 from tests.support.services import free_port
+from tests.support.waiting import wait_until
 
 WHATSAPP_FROM = "whatsapp:+14155238886"
 CUSTOMER = "whatsapp:+31612345678"

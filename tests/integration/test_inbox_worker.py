@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from core.store.outbox import Outbox
 from gateway.durable import reply_splitters
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
+from tests.support.waiting import wait_until
 
 WHATSAPP_FROM = "whatsapp:+14155238886"
 SITE = "https://shop.example"
@@ -48,13 +49,6 @@ PAGES = [
      "text": "# Returns\nYou can return shoes within 30 days for a full refund."},
 ]  # fmt: skip
 LONG_PARAGRAPH = "Our boots are made by hand in Portugal from full-grain leather. " * 12
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    """Poll ``check`` until it holds; fail after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.05)
 
 
 @dataclass

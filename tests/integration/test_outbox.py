@@ -21,7 +21,7 @@ from core.store import Agent, Agents, Database
 from core.store.outbox import Outbox, OutboxRow, enqueue
 from tests.fakes.telegram import BLOCKED, FakeTelegram, flood
 from tests.fakes.twilio import FakeTwilio
-from tests.integration.test_inbox_worker import wait_until
+from tests.support.waiting import wait_until
 
 WHATSAPP_FROM = "whatsapp:+14155238886"
 ALICE = "whatsapp:+31612345678"

@@ -6,7 +6,6 @@ test's own, which the test kills, cuts off and brings back; PostgreSQL stays up 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
@@ -36,6 +35,7 @@ from tests.fakes.twilio import FakeTwilio
 from tests.support.cli import PARLEY, clean_env
 from tests.support.services import RedisServer
 from tests.support.sse import Stream, chat
+from tests.support.waiting import wait_until
 
 PAGES = [
     {"url": "/en/shipping", "title": "Shipping", "lang": "en",
@@ -48,13 +48,6 @@ TELEGRAM_SECRET = "outage-secret-0123456789"
 ADMIN_TOKEN = "admin-token-for-outage-tests-0123"
 # Per-session bucket: three messages, then (practically) no refill during a test.
 SESSION_LIMIT = [0.001, 3]
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
-    """Poll ``check`` until it holds; fail after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -245,7 +238,7 @@ async def test_every_channel_answers_while_redis_is_down_and_uses_it_again_once_
     async def both_answered() -> bool:
         return bool(gw.twilio.messages) and bool(gw.telegram.messages)
 
-    await wait_until(both_answered)
+    await wait_until(both_answered, timeout=30.0)
     assert "4.95" in gw.twilio.messages[0]["body"]
     assert "30 days" in gw.telegram.messages[0]["text"]
     statuses = await gw.database.pool.fetch("SELECT status, attempts FROM inbox")
