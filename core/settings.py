@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import re
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AfterValidator, AliasChoices, Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import ConfigError
 
@@ -39,6 +47,18 @@ def _telegram_secret(value: SecretStr) -> SecretStr:
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def _networks(value: Any) -> Any:
+    # The environment gives "10.20.0.0/16, fd00::/8"; code may pass a list.
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple):
+        return [ip_network(part, strict=False) if isinstance(part, str) else part for part in value]
+    return value
+
+
+Networks = Annotated[list[IPv4Network | IPv6Network], NoDecode, BeforeValidator(_networks)]
 
 JobName = Literal["summaries", "recrawl", "answer-checks", "retention", "outbox-sweep"]
 JOB_NAMES: tuple[JobName, ...] = get_args(JobName)
@@ -103,6 +123,11 @@ class Settings(BaseSettings):
     embed_model: str | None = None
     embed_base_url: HttpUrl | None = None
     rerank_url: HttpUrl | None = None
+
+    # Private networks the crawler may read all the same (an intranet), comma-separated
+    # CIDRs; every other loopback, private, link-local or otherwise non-public address is
+    # refused, since what is crawled can be read by any visitor of the widget.
+    crawl_allow_networks: Networks = Field(default_factory=list)
 
     twilio_account_sid: str | None = Field(
         None, validation_alias=_env("TWILIO_ACCOUNT_SID", "twilio_account_sid")

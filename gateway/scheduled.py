@@ -46,7 +46,9 @@ async def open_jobs(runtime: Runtime) -> AsyncIterator[dict[str, Job]]:
             settings, pool, runtime.cache, runtime.embedder, runtime.http, chat, agents
         )
         knowledge = KnowledgeStore(pool)
-        ingestor = Ingestor(knowledge, runtime.embedder, runtime.http)
+        ingestor = Ingestor(
+            knowledge, runtime.embedder, allow_networks=settings.crawl_allow_networks
+        )
 
         async def summaries(run: JobRun) -> JobResult:
             # Older conversations catch up on their next turn, when their summary is read.

@@ -19,7 +19,13 @@ from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database, open_database
 from core.store.migrate import migrate
-from tests.support.services import RedisServer, postgres_server, redis_answers, with_database
+from tests.support.services import (
+    LOOPBACK,
+    RedisServer,
+    postgres_server,
+    redis_answers,
+    with_database,
+)
 
 TEMPLATE = "parley_template"
 
@@ -121,6 +127,8 @@ def make_settings(database_url: str, redis_url: str, tmp_path: Path) -> MakeSett
             # Tests share one Redis: keys of their own keep rate limits and caches apart.
             "redis_prefix": f"test-{uuid.uuid4().hex[:12]}:",
             "data_dir": tmp_path / "data",
+            # the local sites tests crawl listen on loopback
+            "crawl_allow_networks": list(LOOPBACK),
         }
         return Settings(_env_file=None, **{**values, **overrides})  # type: ignore[call-arg]
 

@@ -21,6 +21,7 @@ from lxml.etree import LxmlError  # type: ignore[import-untyped]
 
 from core.knowledge.documents import Document, ReadError
 from core.knowledge.extract import extract_page, normalise_url, same_host
+from core.knowledge.outbound import REFUSED, PrivateAddressRefused, is_guarded
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +92,15 @@ _Fetched = _Response | _Skipped | _NotModified | _HttpError | ReadError
 
 
 def _connect_reason(exc: aiohttp.ClientConnectorError) -> str:
+    # Fixed phrases only: the errors' own texts name the address and port tried, and these
+    # reasons reach staff, to whom they would map the servers behind ours.
+    if isinstance(exc.os_error, PrivateAddressRefused):
+        return REFUSED
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return f"cannot connect: host {exc.host} not found"
+        return "could not connect: host not found"
     if isinstance(exc.os_error, ConnectionRefusedError):
-        return f"cannot connect: connection refused by {exc.host}:{exc.port}"
-    return f"cannot connect: {exc.os_error.strerror or exc.os_error}"
+        return "could not connect: connection refused"
+    return "could not connect"
 
 
 async def _read_body(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
@@ -536,7 +541,12 @@ async def crawl(
     A page that cannot be read comes back as a `ReadError` and the crawl goes on; a site
     that cannot be reached at all gives one `ReadError`. ``on_page`` is called after
     each page request, whatever its outcome.
+
+    ``session`` must come from `core.knowledge.outbound.crawler_session`, which refuses
+    to connect to private addresses (the pages read may end up in front of anyone).
     """
+    if not is_guarded(session):
+        raise TypeError("crawl() needs a session from outbound.crawler_session()")
     items = _Crawl(start_url, session, limits, validators or {}, on_page).run()
     async with aclosing(items):
         async for item in items:

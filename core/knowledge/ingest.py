@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-
-import aiohttp
 
 from core.knowledge.chunk import Chunk, chunk_document
 from core.knowledge.crawl import CrawlLimits, Unchanged, crawl
 from core.knowledge.documents import Document, ReadError
+from core.knowledge.outbound import IPNetwork, crawler_session
 from core.knowledge.sources import SourceSpec, read_local
 from core.ports import Embedder
 from core.store.agents import Agent
@@ -50,13 +49,16 @@ class Ingestor:
         self,
         store: KnowledgeStore,
         embedder: Embedder,
-        session: aiohttp.ClientSession | None = None,
         limits: CrawlLimits | None = None,
+        *,
+        allow_networks: Sequence[IPNetwork] = (),
     ) -> None:
+        """``allow_networks``: private networks a crawl may reach all the same (an intranet);
+        every other private, loopback or link-local address is refused."""
         self._store = store
         self._embedder = embedder
-        self._session = session
         self._limits = limits or CrawlLimits()
+        self._allow_networks = tuple(allow_networks)
 
     async def ingest(
         self,
@@ -114,13 +116,14 @@ class Ingestor:
                     on_page()
                 yield read
             return
-        if self._session is None:
-            raise RuntimeError("crawling needs an HTTP session")
         validators = {url: (page.etag, page.last_modified) for url, page in stored.items()}
-        async for item in crawl(
-            spec.location, self._session, self._limits, validators=validators, on_page=on_page
-        ):
-            yield item
+        # A session of its own, not the process's shared one: that one talks to the model
+        # and embedding services, which may well sit on private addresses.
+        async with crawler_session(self._allow_networks) as session:
+            async for item in crawl(
+                spec.location, session, self._limits, validators=validators, on_page=on_page
+            ):
+                yield item
 
     async def _sync(
         self,

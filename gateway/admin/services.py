@@ -61,7 +61,10 @@ class AdminServices:
             staff=staff,
             transcripts=Transcripts(pool),
             gaps=ContentGaps(pool),
-            sources=SourceLibrary(knowledge, Ingestor(knowledge, embedder, http)),
+            sources=SourceLibrary(
+                knowledge,
+                Ingestor(knowledge, embedder, allow_networks=settings.crawl_allow_networks),
+            ),
             curated=CuratedAnswers(pool),
             checks=AnswerChecks(pool),
             handoff=handoff,

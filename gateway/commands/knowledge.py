@@ -50,7 +50,11 @@ async def ingest(args: argparse.Namespace, runtime: Runtime) -> int:
     _check_base_url(args.base_url)
     specs = [parse_source(s) for s in args.sources]
     agent = await Agents(runtime.database.pool).get(args.agent)
-    ingestor = Ingestor(KnowledgeStore(runtime.database.pool), runtime.embedder, runtime.http)
+    ingestor = Ingestor(
+        KnowledgeStore(runtime.database.pool),
+        runtime.embedder,
+        allow_networks=runtime.settings.crawl_allow_networks,
+    )
     status = 0
     for spec in specs:
         with _bar(None, "page") as bar:

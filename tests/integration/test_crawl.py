@@ -8,10 +8,12 @@ import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from ipaddress import ip_network
 
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 from pytest_aiohttp import AiohttpServer
 
@@ -23,6 +25,8 @@ from core.knowledge.crawl import (
     parse_sitemap,
 )
 from core.knowledge.documents import Document, ReadError
+from core.knowledge.outbound import crawler_session
+from tests.support.services import LOOPBACK
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -110,16 +114,21 @@ class Site:
         return [p for p in self.requests if p not in ("/robots.txt", "/sitemap.xml")]
 
 
-async def start(site: Site, aiohttp_server: AiohttpServer) -> Site:
+def _app(site: Site) -> web.Application:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", site._handle)
-    site.server = await aiohttp_server(app)
+    return app
+
+
+async def start(site: Site, aiohttp_server: AiohttpServer) -> Site:
+    site.server = await aiohttp_server(_app(site))
     return site
 
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
+    # the test sites listen on loopback, which only an allow-list lets a crawl reach
+    async with crawler_session(LOOPBACK) as client:
         yield client
 
 
@@ -474,8 +483,8 @@ async def test_unreachable_start_url_gives_one_read_error(session: aiohttp.Clien
     assert len(items) == 1
     assert isinstance(items[0], ReadError)
     assert items[0].location == start_url
-    assert items[0].reason.startswith("cannot connect: ")
-    assert "refused" in items[0].reason
+    assert items[0].reason == "could not connect: connection refused"
+    assert str(port) not in items[0].reason  # no port scanning through the error texts
 
 
 async def test_robots_server_error_means_no_crawl(
@@ -547,3 +556,106 @@ async def test_start_page_leaving_the_site_is_reported(
     assert isinstance(items[0], ReadError)
     assert items[0].reason.startswith("start page skipped: redirect to ")
     assert elsewhere.requests == []
+
+
+# --- private addresses ----------------------------------------------------------------
+
+
+class _Names(AbstractResolver):
+    """DNS for made-up host names, so a test can point one at any address."""
+
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self._names = names
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        address = self._names[host]
+        return [
+            {
+                "hostname": host,
+                "host": address,
+                "port": port,
+                "family": socket.AF_INET6 if ":" in address else socket.AF_INET,
+                "proto": 0,
+                "flags": 0,
+            }
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def loopback_site(aiohttp_server: AiohttpServer) -> Site:
+    site = Site()
+    site.html("/", html_page("Home", prose("Internal admin")))
+    return await start(site, aiohttp_server)
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "localhost", "0.0.0.0", "[::1]", "[::ffff:127.0.0.1]", "127.0.0.2"]
+)
+async def test_a_private_address_is_refused_without_a_request(
+    loopback_site: Site, host: str
+) -> None:
+    assert loopback_site.server is not None
+    start_url = f"http://{host}:{loopback_site.server.port}/"
+
+    async with crawler_session() as guarded:
+        items = await collect(start_url, guarded)
+
+    assert items == [ReadError(start_url, "refused: private address")]
+    assert loopback_site.requests == []  # not even robots.txt
+
+
+async def test_a_redirect_to_a_private_address_is_refused_at_connect(
+    aiohttp_server: AiohttpServer,
+) -> None:
+    inside = Site()
+    inside.html("/secret", html_page("Secret", prose("Staff passwords")))
+    inside.server = await aiohttp_server(_app(inside), host="127.0.0.2")
+    port = inside.server.port
+    shop = Site()
+
+    async def moved(request: web.Request) -> web.StreamResponse:
+        # "www." counts as the same site, so only the address check stands in the way
+        raise web.HTTPFound(f"http://www.shop.test:{port}/secret")
+
+    shop.respond("/", moved)
+    shop.server = await aiohttp_server(_app(shop), host="127.0.0.1", port=port)
+    names = _Names({"shop.test": "127.0.0.1", "www.shop.test": "127.0.0.2"})
+
+    async with crawler_session([ip_network("127.0.0.1/32")], resolver=names) as guarded:
+        items = await collect(f"http://shop.test:{port}/", guarded)
+
+    start_url = f"http://shop.test:{port}/"
+    assert items == [ReadError(start_url, "refused: private address", start_url)]
+    assert shop.requests == ["/robots.txt", "/sitemap.xml", "/"]
+    assert inside.requests == []
+
+
+async def test_a_host_name_resolving_to_a_private_address_is_refused(
+    loopback_site: Site,
+) -> None:
+    assert loopback_site.server is not None
+    start_url = f"http://shop.test:{loopback_site.server.port}/"
+
+    async with crawler_session(resolver=_Names({"shop.test": "127.0.0.1"})) as guarded:
+        items = await collect(start_url, guarded)
+
+    assert items == [ReadError(start_url, "refused: private address")]
+    assert loopback_site.requests == []
+
+
+async def test_an_allowed_network_is_crawled(loopback_site: Site) -> None:
+    assert loopback_site.server is not None
+    async with crawler_session([ip_network("127.0.0.1/32")]) as guarded:
+        items = await collect(loopback_site.url("/"), guarded)
+    assert len([item for item in items if isinstance(item, Document)]) == 1
+
+
+async def test_a_plain_session_is_not_accepted() -> None:
+    async with aiohttp.ClientSession() as plain:
+        with pytest.raises(TypeError):
+            await collect("http://shop.example/", plain)

@@ -51,7 +51,7 @@ from gateway.runtime import Runtime
 from gateway.scheduled import job_runner, open_jobs
 from tests.conftest import MakeSettings
 from tests.support.cli import PARLEY, clean_env, run_parley
-from tests.support.services import free_port
+from tests.support.services import LOOPBACK, free_port
 
 PAGES = [
     {"url": "/en/shipping", "title": "Shipping", "lang": "en",
@@ -358,10 +358,9 @@ async def test_recrawl_re_embeds_only_the_changed_page(
     site: Site,
 ) -> None:
     store = KnowledgeStore(database.pool)
-    async with aiohttp.ClientSession() as http:
-        first = await Ingestor(store, use_embedder, http).ingest(
-            shop, parse_source(f"{site.origin}/sitemap.xml")
-        )
+    first = await Ingestor(store, use_embedder, allow_networks=LOOPBACK).ingest(
+        shop, parse_source(f"{site.origin}/sitemap.xml")
+    )
     assert first.added == 3
     down = await store.upsert_source(shop.id, "url", f"http://127.0.0.1:{free_port()}/")
     before = await _chunks(database, shop)
@@ -403,12 +402,15 @@ async def test_a_running_job_holds_its_lock_across_processes(
     database_url: str,
     tmp_path: Path,
 ) -> None:
-    async with aiohttp.ClientSession() as http:
-        await Ingestor(KnowledgeStore(database.pool), use_embedder, http).ingest(
-            shop, parse_source(f"{site.origin}/sitemap.xml")
-        )
+    await Ingestor(KnowledgeStore(database.pool), use_embedder, allow_networks=LOOPBACK).ingest(
+        shop, parse_source(f"{site.origin}/sitemap.xml")
+    )
     site.held.add("/b")
-    env = {"PARLEY_DATABASE_URL": database_url, "PARLEY_DATA_DIR": str(tmp_path / "data")}
+    env = {
+        "PARLEY_DATABASE_URL": database_url,
+        "PARLEY_DATA_DIR": str(tmp_path / "data"),
+        "PARLEY_CRAWL_ALLOW_NETWORKS": ",".join(map(str, LOOPBACK)),
+    }
     holder = subprocess.Popen(
         [PARLEY, "jobs", "run", "recrawl"],
         cwd=tmp_path,

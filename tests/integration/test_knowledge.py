@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -20,7 +19,7 @@ from core.retrieval.retriever import RetrievalQuery, Retriever
 from core.store import Agent, Agents, Database
 from core.store.knowledge import KnowledgeStore
 from core.store.search import ChunkSearch
-from tests.support.services import free_port
+from tests.support.services import LOOPBACK, free_port
 
 
 @dataclass
@@ -342,9 +341,8 @@ async def test_an_unreachable_url_is_recorded_on_the_source(
 
     await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     url = f"http://127.0.0.1:{free_port()}/"
-    async with aiohttp.ClientSession() as session:
-        ingestor = Ingestor(kit.store, use_embedder, session)
-        report = await ingestor.ingest(await kit.agent("shop"), parse_source(url))
+    ingestor = Ingestor(kit.store, use_embedder, allow_networks=LOOPBACK)
+    report = await ingestor.ingest(await kit.agent("shop"), parse_source(url))
     assert report.failed is not None
     [source] = await kit.store.list_sources((await kit.agent("shop")).id)
     assert source.status == "failed"
@@ -410,11 +408,10 @@ async def test_crawled_site_is_ingested_and_unchanged_pages_cost_nothing(
     server = TestServer(_site_app(requests))
     await server.start_server()
     try:
-        async with aiohttp.ClientSession() as session:
-            ingestor = Ingestor(kit.store, use_embedder, session)
-            start = str(server.make_url("/"))
-            first = await ingestor.ingest(await kit.agent("shop"), parse_source(start))
-            again = await ingestor.ingest(await kit.agent("shop"), parse_source(start))
+        ingestor = Ingestor(kit.store, use_embedder, allow_networks=LOOPBACK)
+        start = str(server.make_url("/"))
+        first = await ingestor.ingest(await kit.agent("shop"), parse_source(start))
+        again = await ingestor.ingest(await kit.agent("shop"), parse_source(start))
     finally:
         await server.close()
     assert (first.added, first.errors) == (2, [])
@@ -425,3 +422,28 @@ async def test_crawled_site_is_ingested_and_unchanged_pages_cost_nothing(
     assert 'GET /en/shipping "v1"' in requests  # the second run asked conditionally
     pages = await kit.search("shop", "How long does delivery to Belgium take?", reply_language="en")
     assert pages[0].endswith("/en/shipping")
+
+
+async def test_a_site_on_a_private_address_is_refused_and_nothing_indexed(
+    kit: Kit, use_embedder: UseEmbedder
+) -> None:
+    await kit.agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    requests: list[str] = []
+    server = TestServer(_site_app(requests))
+    await server.start_server()
+    try:
+        start = str(server.make_url("/"))
+        # no allow-list: what a deployment has unless it names its intranet
+        report = await Ingestor(kit.store, use_embedder).ingest(
+            await kit.agent("shop"), parse_source(start)
+        )
+    finally:
+        await server.close()
+    assert requests == []
+    assert report.added == 0
+    assert report.failed is not None
+    [source] = await kit.store.list_sources((await kit.agent("shop")).id)
+    assert source.status == "failed"
+    assert source.last_error == f"{start}: refused: private address"
+    assert await kit.database.pool.fetchval("SELECT count(*) FROM chunks") == 0
+    assert (await kit.agent("shop")).knowledge_version == 0

@@ -10,9 +10,13 @@ import subprocess
 import time
 import warnings
 from collections.abc import Iterator
+from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+# The networks test sites listen on; a real deployment's crawler refuses them.
+LOOPBACK = (ip_network("127.0.0.0/8"), ip_network("::1/128"))
 
 
 def free_port() -> int:
