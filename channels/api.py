@@ -13,7 +13,7 @@ from core.answer.pipeline import AnswerPipeline
 from core.errors import Forbidden, InvalidInput, NotFound, Unauthorized, Unavailable
 from core.store.agents import Agent, Agents
 from core.store.api_keys import ApiKeys
-from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, PageContext, TurnRequest
+from core.turns import MAX_MESSAGE_CHARS, CleanText, CollectingTurnOutput, PageContext, TurnRequest
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_:.+-]{1,200}$")
 
@@ -21,7 +21,7 @@ _SESSION_ID = re.compile(r"^[A-Za-z0-9_:.+-]{1,200}$")
 class TurnBody(BaseModel):
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
-    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    message: CleanText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     session_id: str | None = Field(None, pattern=_SESSION_ID.pattern)
     page: PageContext | None = None
     language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")

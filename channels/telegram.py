@@ -22,6 +22,7 @@ from core.errors import Forbidden, InvalidInput
 from core.settings import Settings
 from core.store.agents import Agent, Agents
 from core.store.inbox import Inbox
+from core.turns import clean_payload
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ async def store_update(inbox: Inbox, agent: Agent, data: dict[str, Any]) -> Hand
     arrived, keyed by ``update_id``: the same update read twice is stored once.
     `InvalidInput` when ``data`` is not an Update.
     """
+    data = clean_payload(data)  # a "\u0000" anywhere would make the jsonb row fail
     try:
         update = Update.de_json(data, bot=None)
     except (KeyError, TypeError, ValueError) as exc:

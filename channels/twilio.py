@@ -19,6 +19,7 @@ from core.settings import Settings
 from core.store.agents import Agent, Agents
 from core.store.inbox import Inbox
 from core.store.outbox import Outbox
+from core.turns import clean_text
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,14 @@ def signed_url(request: web.Request, public_url: str | None) -> str:
 
 
 def _fields(form: MultiDictProxy[Any]) -> dict[str, str | list[str]]:
-    """Every form field, kept as sent: Twilio adds fields without notice."""
+    """Every form field, kept as sent (Twilio adds fields without notice) but for the control
+    characters PostgreSQL cannot store; read only after the signature is checked."""
     fields: dict[str, str | list[str]] = {}
     for name in form:
         if name in fields:
             continue
-        values = [str(v) for v in form.getall(name)]
-        fields[name] = values[0] if len(values) == 1 else values
+        values = [clean_text(str(v)) for v in form.getall(name)]
+        fields[clean_text(name)] = values[0] if len(values) == 1 else values
     return fields
 
 

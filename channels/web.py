@@ -18,7 +18,7 @@ from core.answer.pipeline import AnswerPipeline
 from core.errors import Forbidden, InvalidInput, RateLimited, Unauthorized
 from core.ports import Cache
 from core.store.agents import Agent, Agents
-from core.turns import MAX_MESSAGE_CHARS, PageContext, TurnEvent, TurnOutput, TurnRequest
+from core.turns import MAX_MESSAGE_CHARS, CleanText, PageContext, TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ _SSE_HEADERS = {
 class ChatBody(BaseModel):
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
-    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    message: CleanText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     session_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,100}$")
     page: PageContext | None = None
     language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")

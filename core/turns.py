@@ -2,16 +2,48 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 Channel = Literal["web", "api", "whatsapp", "telegram", "playground", "test"]
 EventKind = Literal["status", "token", "sources", "done", "error"]
 
 MAX_MESSAGE_CHARS = 4000
+
+# C0 control characters but tab, newline and carriage return. PostgreSQL cannot store NUL in
+# text or jsonb at all (a visitor's "\u0000" would fail the turn half-way through its
+# stream), and none of the others means anything in a chat message.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` without the control characters a message can neither carry nor be stored with."""
+    return _CONTROL.sub("", text)
+
+
+def clean_payload(value: Any) -> Any:
+    """A provider's parsed JSON or form payload with `clean_text` applied to every string in
+    it, keys included, so it can be stored as jsonb."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, Mapping):
+        return {clean_text(str(k)): clean_payload(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_payload(v) for v in value]
+    return value
+
+
+def _clean_if_text(value: object) -> object:
+    return clean_text(value) if isinstance(value, str) else value
+
+
+# A string from a visitor or a provider, cleaned before it is validated (and stripped), so a
+# message of nothing but control characters is refused as empty.
+CleanText = Annotated[str, BeforeValidator(_clean_if_text)]
 
 
 class PageContext(BaseModel):
@@ -19,9 +51,9 @@ class PageContext(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", str_strip_whitespace=True)
 
-    url: str | None = Field(None, max_length=2048)
-    title: str | None = Field(None, max_length=300)
-    context: str | None = Field(None, max_length=6000)
+    url: CleanText | None = Field(None, max_length=2048)
+    title: CleanText | None = Field(None, max_length=300)
+    context: CleanText | None = Field(None, max_length=6000)
 
 
 class TurnRequest(BaseModel):
@@ -31,11 +63,11 @@ class TurnRequest(BaseModel):
 
     agent: str  # the agent's slug
     channel: Channel
-    conversation_key: str = Field(min_length=1, max_length=200)
-    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
-    provider_message_id: str | None = None
+    conversation_key: CleanText = Field(min_length=1, max_length=200)
+    text: CleanText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    provider_message_id: CleanText | None = None
     page: PageContext | None = None
-    language: str | None = Field(None, max_length=16)  # reply-language hint
+    language: CleanText | None = Field(None, max_length=16)  # reply-language hint
     overrides: Mapping[str, Any] | None = None  # playground only
     already_saved: bool = False  # the visitor's message is stored already (durable channels)
     writing_rule: str | None = None  # the channel's formatting rule, last in the prompt

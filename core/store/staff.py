@@ -144,15 +144,19 @@ class StaffAccounts:
             await conn.execute("DELETE FROM staff_sessions WHERE staff_id = $1", staff_id)
 
     async def set_disabled(self, email: str, disabled: bool) -> None:
-        """A disabled account cannot sign in, and its open sessions stop working at once."""
-        done = await self._pool.execute(
-            """UPDATE staff SET disabled_at = CASE WHEN $2 THEN now() ELSE NULL END
-                WHERE email = $1""",
-            normalise_email(email),
-            disabled,
-        )
-        if done == "UPDATE 0":
-            raise NotFound(f"no staff account for {email}")
+        """A disabled account cannot sign in, and its open sessions end: enabling it again
+        does not bring them back."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            staff_id = await conn.fetchval(
+                """UPDATE staff SET disabled_at = CASE WHEN $2 THEN now() ELSE NULL END
+                    WHERE email = $1 RETURNING id""",
+                normalise_email(email),
+                disabled,
+            )
+            if staff_id is None:
+                raise NotFound(f"no staff account for {email}")
+            if disabled:
+                await conn.execute("DELETE FROM staff_sessions WHERE staff_id = $1", staff_id)
 
     async def authenticate(self, email: str, password: str) -> StaffMember | None:
         """The enabled account with this address and password, else None.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -55,7 +55,24 @@ async def admin_guard(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def after_sign_in(next_path: str | None) -> str:
-    """Where to send a browser after signing in: its ``next`` page if that is one of ours."""
-    if next_path and next_path.startswith("/") and not next_path.startswith(("//", "/\\")):
+    """Where to send a browser after signing in: its ``next`` page if that is one of ours.
+
+    Checked as given, with nothing removed first: browsers drop tabs and newlines from a
+    ``Location`` (so ``/<tab>/evil.example`` becomes ``//evil.example``) and read a backslash
+    as a slash, so a control character, whitespace or backslash anywhere means the start page.
+    """
+    if next_path is not None and _same_origin_path(next_path):
         return next_path
     return CONSOLE_PREFIX
+
+
+def _same_origin_path(path: str) -> bool:
+    if len(path) < 2 or path[0] != "/" or path[1] == "/":
+        return False
+    if any(ch.isspace() or ch == "\\" or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        return False
+    try:
+        parts = urlsplit(path)
+    except ValueError:
+        return False
+    return not parts.scheme and not parts.netloc

@@ -20,10 +20,43 @@ ChannelName = Literal["web", "api", "whatsapp", "telegram", "playground", "test"
 _LANGUAGE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$"
 
 
+def _nul_at(value: Any, where: str) -> str | None:
+    """Where in ``value`` a string (or a key) holds a NUL character, or None."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            at = f"{where}.{key}" if where else str(key)
+            found = _nul_at(key, at) or _nul_at(item, at)
+            if found is not None:
+                return found
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _nul_at(item, f"{where}.{index}" if where else str(index))
+            if found is not None:
+                return found
+    return None
+
+
+def _refuse_nul(data: Any) -> Any:
+    # PostgreSQL cannot store NUL in text or jsonb; refused here, with the field named,
+    # rather than failing as a 500 halfway through saving.
+    where = _nul_at(data, "")
+    if where is not None:
+        raise ValueError(f"{where or 'value'} contains a NUL character (\\u0000)")
+    return data
+
+
 class Body(BaseModel):
-    """Request bodies: unknown fields are refused, so a misspelt setting is not ignored."""
+    """Request bodies: unknown fields are refused, so a misspelt setting is not ignored, and
+    so is a NUL character in any text."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return _refuse_nul(data)
 
 
 class Out(BaseModel):
@@ -34,6 +67,11 @@ class Out(BaseModel):
 
 class Query(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return _refuse_nul(data)
 
 
 # -- sign-in --------------------------------------------------------------------------------

@@ -694,6 +694,20 @@ async def test_bad_curated_answers_are_400(admin: Admin, body: dict[str, Any], n
     assert _error(error).startswith(named)
 
 
+async def test_a_nul_in_a_curated_answer_is_refused_not_a_500(admin: Admin) -> None:
+    status, error = await admin.post(
+        "/agents/shop/curated", {"answer": "We are open\u0000 9-17.", "keywords": ["hours"]}
+    )
+    assert status == 400, error
+    assert "answer contains a NUL character" in _error(error)
+    status, error = await admin.post(
+        "/agents/shop/curated", {"answer": "We are open 9-17.", "keywords": ["ho\u0000urs"]}
+    )
+    assert status == 400, error
+    assert "keywords.0 contains a NUL character" in _error(error)
+    assert (await admin.get("/agents/shop/curated"))[1] == {"items": []}
+
+
 # -- answer checks --------------------------------------------------------------------------
 
 

@@ -291,6 +291,24 @@ async def test_a_disabled_account_is_signed_out_and_cannot_sign_in(
     assert again.status == 401
 
 
+async def test_enabling_an_account_again_does_not_revive_its_old_sessions(
+    start_client: StartClient,
+) -> None:
+    client = await start_client(admin_token=TOKEN)
+    accounts = _staff(client)
+    await accounts.create("ann@shop.example", PASSWORD)
+    session, _ = await _sign_in(client, email="ann@shop.example", password=PASSWORD)
+    await accounts.set_disabled("ann@shop.example", True)
+    pool = client.server.app[DATABASE].pool
+    assert await pool.fetchval("SELECT count(*) FROM staff_sessions") == 0
+    await accounts.set_disabled("ann@shop.example", False)
+    old = await client.get(f"{ADMIN}/me", headers={"Cookie": f"parley_admin={session}"})
+    assert old.status == 401
+    fresh, _ = await _sign_in(client, email="ann@shop.example", password=PASSWORD)
+    me = await client.get(f"{ADMIN}/me", headers={"Cookie": f"parley_admin={fresh}"})
+    assert me.status == 200
+
+
 async def test_short_passwords_are_refused(start_client: StartClient) -> None:
     client = await start_client(admin_token=TOKEN)
     with pytest.raises(Exception, match="at least 10 characters"):

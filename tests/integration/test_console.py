@@ -177,6 +177,40 @@ async def test_sign_in_with_the_admin_token_sets_a_strict_http_only_cookie(
     assert away.headers["Location"] == "/admin"
 
 
+OFF_SITE_NEXT = [
+    "/\t/evil.example",
+    "/\n/evil.example",
+    "//evil.example",
+    "/\\evil.example",
+    "https://evil.example",
+]
+
+
+@pytest.mark.parametrize("next_path", OFF_SITE_NEXT)
+async def test_sign_in_never_leads_off_site(gateway: tuple[Client, Seeded], next_path: str) -> None:
+    client, _ = gateway
+    posted = await sign_in(client, token=TOKEN, next=next_path)
+    assert posted.status == 303
+    assert posted.headers["Location"] == "/admin"
+    # Signed in now, so the sign-in page redirects at once: to the start page too.
+    opened = await client.get("/admin/sign-in", params={"next": next_path}, allow_redirects=False)
+    assert opened.status == 303
+    assert opened.headers["Location"] == "/admin"
+
+
+async def test_sign_in_follows_a_console_page_by_get_and_by_post(
+    gateway: tuple[Client, Seeded],
+) -> None:
+    client, _ = gateway
+    posted = await sign_in(client, token=TOKEN, next="/admin/conversations?channel=web")
+    assert posted.headers["Location"] == "/admin/conversations?channel=web"
+    opened = await client.get(
+        "/admin/sign-in", params={"next": "/admin/conversations"}, allow_redirects=False
+    )
+    assert opened.status == 303
+    assert opened.headers["Location"] == "/admin/conversations"
+
+
 async def test_sign_in_with_a_staff_account_and_with_a_wrong_password(
     gateway: tuple[Client, Seeded], database: Database
 ) -> None:

@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from channels.delivery import split_message
+from channels.telegram import store_update
 from channels.telegram_send import TelegramSender
 from channels.twilio_send import TwilioSender
 from core.answer.pipeline import AnswerPipeline, PipelineConfig
@@ -268,6 +269,29 @@ async def test_telegram_replies_link_the_pages_they_cite(rig: Rig, running: Runn
     shown, listed = message["text"].split("\n\nSources:\n")  # as the customer reads it
     assert "2-3 working days [1]" in shown
     assert listed == "[1] Shipping"
+
+
+async def test_a_telegram_text_with_a_nul_is_acknowledged_and_answered(
+    rig: Rig, running: Running
+) -> None:
+    update = {
+        "update_id": 4242,
+        "message": {
+            "message_id": 7, "date": 1700000000,
+            "text": "How long does delivery\u0000 to Belgium take?",
+            "chat": {"id": 611, "type": "private", "first_name": "Ann"},
+            "from": {"id": 611, "is_bot": False, "first_name": "Ann", "language_code": "en"},
+        },
+    }  # fmt: skip
+    # What the webhook (and `parley telegram poll`) do with an Update before the 200.
+    assert (await store_update(rig.inbox, rig.agent, update)).outcome == "stored"
+    running.start(rig.worker(burst_window=0.0).run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    [message] = rig.telegram.messages
+    assert "2-3 working days" in message["text"]
 
 
 async def test_the_sources_are_listed_in_the_language_of_the_answer(

@@ -135,6 +135,17 @@ async def test_a_text_message_is_stored_and_acknowledged_with_an_empty_object(
     assert dict(row.payload) == sent | {"media_only": False}
 
 
+async def test_a_text_with_a_nul_is_stored_without_it_and_acknowledged(
+    start: StartGateway,
+) -> None:
+    gateway = await start()
+    sent = text(700002, "Waar blijft\u0000 mijn bestelling?")
+    answered = await gateway.post(sent)
+    assert (answered.status, answered.body) == (200, {})
+    [row] = await gateway.rows()
+    assert row.payload["message"]["text"] == "Waar blijft mijn bestelling?"
+
+
 async def test_start_is_stored_for_the_worker_to_welcome(start: StartGateway) -> None:
     gateway = await start()
     assert (await gateway.post(start_command(700002))).status == 200

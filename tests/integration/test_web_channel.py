@@ -242,3 +242,40 @@ async def test_json_api_with_an_api_key(shop: Shop) -> None:
             headers={"Authorization": "Bearer sk_nope"},
         )
         assert bad_key.status_code == 401
+
+
+async def test_a_nul_in_the_message_is_dropped_and_the_turn_answered(shop: Shop) -> None:
+    stream = await chat(
+        shop.url,
+        "shop",
+        "How long does delivery\u0000 to Belgium\u0007 take?",
+        key=shop.agent.widget_key,
+    )
+    assert stream.status == 200
+    assert stream.kinds()[-2:] == ["sources", "done"]
+    done = stream.data("done")
+    assert "2-3 working days" in done["answer"]
+    visitor = await shop.database.pool.fetchval(
+        "SELECT text FROM messages WHERE conversation_id = $1 AND role = 'visitor'",
+        done["conversation_id"],
+    )
+    assert visitor == "How long does delivery to Belgium take?"
+
+
+async def test_json_api_answers_a_message_with_a_nul(shop: Shop) -> None:
+    key = await ApiKeys(shop.database.pool).create(shop.agent.id, "crm")
+    async with httpx.AsyncClient(base_url=shop.url, timeout=60) as client:
+        answered = await client.post(
+            "/api/v1/agents/shop/turns",
+            json={"message": "Within how many days can I return\u0000 something?"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert answered.status_code == 200, answered.text
+        assert "30 days" in answered.json()["answer"]
+        only_nul = await client.post(
+            "/api/v1/agents/shop/turns",
+            json={"message": "\u0000"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert only_nul.status_code == 400
+        assert only_nul.json()["error"]["message"].startswith("message")

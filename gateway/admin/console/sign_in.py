@@ -72,7 +72,8 @@ async def sign_in_page(request: web.Request) -> web.StreamResponse:
 
 async def sign_in(request: web.Request) -> web.StreamResponse:
     data = await form(request)
-    next_path = after_sign_in(text(data, "next"))
+    raw_next = data.get("next")  # as sent: nothing trimmed before it is checked
+    next_path = after_sign_in(raw_next if isinstance(raw_next, str) else None)
     expected = request.cookies.get(FORM_COOKIE, "")
     given = text(data, FORM_FIELD)
     if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
