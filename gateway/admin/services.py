@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiohttp
 import asyncpg
 
 from core.handoff import Handoff
@@ -49,7 +48,6 @@ class AdminServices:
         pool: asyncpg.Pool,
         cache: Cache,
         embedder: Embedder,
-        http: aiohttp.ClientSession,
         handoff: Handoff,
     ) -> AdminServices:
         staff = StaffAccounts(pool)

@@ -11,12 +11,12 @@ from gateway.admin.console import setup_console
 from gateway.admin.guard import admin_guard
 from gateway.admin.openapi import openapi_routes
 from gateway.admin.services import AdminServices
-from gateway.keys import ADMIN, CACHE, DATABASE, EMBEDDER, HANDOFF, HTTP, SETTINGS
+from gateway.keys import ADMIN, CACHE, DATABASE, EMBEDDER, HANDOFF, SETTINGS
 
 
 async def _admin_services(app: web.Application) -> AsyncIterator[None]:
     services = AdminServices.build(
-        app[SETTINGS], app[DATABASE].pool, app[CACHE], app[EMBEDDER], app[HTTP], app[HANDOFF]
+        app[SETTINGS], app[DATABASE].pool, app[CACHE], app[EMBEDDER], app[HANDOFF]
     )
     app[ADMIN] = services
     yield
@@ -24,7 +24,7 @@ async def _admin_services(app: web.Application) -> AsyncIterator[None]:
 
 
 def setup_admin(app: web.Application) -> None:
-    """Call after the database, cache, embedder, HTTP session and channels (which build the
+    """Call after the database, cache, embedder and channels (which build the
     conversations' ``Handoff``) are in ``app.cleanup_ctx``.
 
     The guard goes last among the middlewares, inside the error middleware, so that its
