@@ -2,36 +2,63 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# What `make demo` runs, and what `make test` adds (pytest, Playwright, ruff, mypy).
+RUNTIME := $(VENV)/.installed-runtime
+DEV     := $(VENV)/.installed-dev
 
-.PHONY: demo test install lint typecheck eval clean
+.PHONY: demo test install install-dev system-packages lint typecheck eval clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --editable .
+	touch $@
+
+$(DEV): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --editable '.[dev]'
-	touch $(STAMP)
+	touch $@ $(RUNTIME)
 
-install: $(STAMP)
+install: $(RUNTIME)
 
-## demo: install, then serve the sample shop with the chat bubble on http://127.0.0.1:8080/
-demo: $(STAMP)
+install-dev: $(DEV)
+
+## demo: install the gateway only, then serve the sample shop with the chat bubble on
+## http://127.0.0.1:8080/ (PARLEY_PORT=8081 make demo for another port)
+demo: $(RUNTIME)
 	$(BIN)/parley serve --demo
 
-## test: install, lint, type-check core/ and channels/, run the whole test suite
-test: lint typecheck
+## test: install with the development tools, lint, type-check, run the whole test suite
+test: system-packages lint typecheck
 	$(BIN)/pytest
 
-lint: $(STAMP)
+## system-packages: what pip cannot install, Debian's Chromium (browser tests) and
+## redis-server; installed with apt-get as .ci/run does when the user is root, else named
+system-packages:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	[ -x "$${PARLEY_TEST_CHROMIUM:-/usr/bin/chromium}" ] || missing="$$missing chromium"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "apt-get install$$missing"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq $$missing >/dev/null; } \
+		|| echo "could not install$$missing; the tests that need them will fail" >&2; \
+	else \
+		echo "missing:$$missing (as root: apt-get install$$missing); the tests that need them will fail" >&2; \
+	fi
+
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(DEV)
 	$(BIN)/mypy
 
 ## eval: retrieval quality (hit@1, hit@5, MRR@10) and answer quality (facts, deferrals,
 ## confidence calibration) on the bundled multilingual shop
-eval: $(STAMP)
+eval: $(DEV)
 	$(BIN)/python -m bench.eval_retrieval
 	$(BIN)/python -m bench.eval_answers
 

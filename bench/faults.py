@@ -4,8 +4,8 @@
     .venv/bin/python -m bench.faults --scenario redis --scenario burst --seconds 10
 
 The same scenarios as tests/integration/test_faults.py (tests/support/faults.py), longer and
-on production's settings: the holding message after 30 s, Twilio's send timeout 15 s, a
-2 s burst window, back-off from a second doubling up to two minutes, inbox leases of a minute
+on production's settings: the holding message after 30 s, Twilio's send timeout 15 s, the
+burst window (1 s), back-off from a second doubling up to two minutes, inbox leases of a minute
 (a killed worker's messages wait for theirs to run out). `parley serve --no-workers` and
 `parley worker` run as processes of their own on an embedded PostgreSQL in a temporary folder
 and a redis-server of their own; the fake model, Twilio and Telegram run in this process and

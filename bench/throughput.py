@@ -22,7 +22,9 @@ their slot back; the rest of the code is the same in both).
 
 After the load each setting gets `--drain` seconds (at most) to answer what is left. Then:
 answered (an answer arrived), lost (acknowledged, no answer by the end), doubled (more than
-one answer for one message), and the wait's median, p99 and maximum.
+one answer for one message), the wait's median, p99 and maximum, and the CPU time each
+answer cost in Parley's processes, in PostgreSQL and in this process (the load and the fakes),
+all on the same cores.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import psutil
 from aiohttp import web
 from twilio.request_validator import RequestValidator
 
@@ -62,6 +65,7 @@ from bench.webhooks import (
     _tail,
     _wait_ready,
 )
+from core.settings import Settings
 from core.store.embedded import EmbeddedPostgres
 from gateway.demo import DEMO_SITE
 from tests.fakes.openai import FakeOpenAI
@@ -80,6 +84,7 @@ QUESTIONS = [
     "Is the Stormvang jacket waterproof?",
     "Wat kost verzending naar België?",
 ]
+DEFAULT_WINDOW = float(Settings.model_fields["burst_window_seconds"].default)
 WARM_UP = 8  # customers answered before each setting is measured (loads what a turn loads)
 SETTINGS = {
     "new": {},
@@ -274,6 +279,7 @@ class Figures:
     drained_in: float
     # Medians, s, of where the answered customers' time went (from the database).
     stages: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU s during the load, per group
 
     def p(self, percentile: float) -> float:
         if not self.waits:
@@ -315,15 +321,18 @@ async def run_setting(
         warm = Phase(f"{name}-warm-up")
         await fire(session, customers, base, warm, WARM_UP / 2, 2)
         if not await _until(
-            _answered_all(fakes, warm), 60 + (args.burst_window or 2) + args.model_seconds
+            _answered_all(fakes, warm),
+            60 + (args.burst_window or DEFAULT_WINDOW) + args.model_seconds,
         ):
             print(f"  ({name}: the warm-up was not answered within a minute)", flush=True)
         fakes.model.most_chats_in_flight = 0
         phase = Phase(name)
+        meter = CpuMeter(tmp, processes.pids())
         await fire(session, customers, base, phase, args.rate, args.seconds)
     loop = asyncio.get_running_loop()
     fired = loop.time()
     settled = await _until(_answered_all(fakes, phase), args.drain)
+    cpu = meter.used()
     if not settled:
         # Nothing open any more means nothing more will come: the rest is lost, not late.
         await _until(lambda: _nothing_open(database_url), 5)
@@ -335,7 +344,52 @@ async def run_setting(
         print(f"parley serve ({name}) ended with {gateway.returncode}:\n{_tail(log)}")
     figures = _figures(phase, answers, fakes)
     figures.stages = await _stages(database_url, sorted(phase.acked))
+    figures.cpu = cpu
     return figures
+
+
+class CpuMeter:
+    """CPU seconds used since it was made: by Parley's processes (and their children), by
+    the embedded PostgreSQL (its server and backends) and by this process."""
+
+    def __init__(self, tmp: Path, parley_pids: list[int]) -> None:
+        self._tmp = str(tmp)
+        self._parley = parley_pids
+        self._start = self._now()
+
+    def used(self) -> dict[str, float]:
+        now = self._now()
+        return {group: now[group] - self._start.get(group, 0.0) for group in now}
+
+    def _now(self) -> dict[str, float]:
+        groups = {"parley": _tree(self._parley), "postgres": _tree(self._postmasters())}
+        groups["bench"] = [psutil.Process()]
+        return {name: sum(_cpu(p) for p in procs) for name, procs in groups.items()}
+
+    def _postmasters(self) -> list[int]:
+        found = []
+        for process in psutil.process_iter(["name", "cmdline"]):
+            cmdline = " ".join(process.info["cmdline"] or [])
+            if process.info["name"] == "postgres" and self._tmp in cmdline:
+                found.append(process.pid)
+        return found
+
+
+def _tree(pids: list[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            parent = psutil.Process(pid)
+            found += [parent, *parent.children(recursive=True)]
+    return found
+
+
+def _cpu(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.Error:
+        return 0.0  # ended since: its time is not counted
+    return float(times.user + times.system)
 
 
 async def _stages(database_url: str, customers: list[str]) -> dict[str, float]:
@@ -409,7 +463,7 @@ def _figures(phase: Phase, answers: dict[str, list[float]], fakes: Fakes) -> Fig
 
 
 def _report(results: list[Figures], args: argparse.Namespace) -> None:
-    window = args.burst_window if args.burst_window is not None else 2.0
+    window = args.burst_window if args.burst_window is not None else DEFAULT_WINDOW
     print(
         f"\n{args.rate:g} webhooks/s for {args.seconds:g} s, each from a new customer; model "
         f"answers in {args.model_seconds:g} s; burst window {window:g} s (a message waits that "
@@ -437,6 +491,12 @@ def _report(results: list[Figures], args: argparse.Namespace) -> None:
     print("\nWhere the time went (medians, s, from the database's clock):")
     for f in results:
         print(f"  {f.name}: " + ", ".join(f"{k} {v:.2f}" for k, v in f.stages.items()))
+    print(
+        "\nCPU time per answer during the load and drain (ms; this process runs the load and the fakes):"
+    )
+    for f in results:
+        per = {k: 1000 * v / max(f.answered, 1) for k, v in f.cpu.items()}
+        print(f"  {f.name}: " + ", ".join(f"{k} {v:.0f}" for k, v in per.items()))
     by_name = {f.name: f for f in results}
     if "new" in by_name and "old" in by_name:
         new, old = by_name["new"], by_name["old"]
@@ -533,7 +593,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--burst-window",
         type=float,
-        help="PARLEY_BURST_WINDOW_SECONDS for the gateway (default: its own default, 2)",
+        help=f"PARLEY_BURST_WINDOW_SECONDS for the gateway (default: {DEFAULT_WINDOW:g})",
     )
     parser.add_argument(
         "--cpu-slots", type=int, help="PARLEY_WORKER_CPU_SLOTS of `new` (default: 4)"

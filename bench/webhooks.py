@@ -320,6 +320,9 @@ class Processes:
         self._started.append(process)
         return process
 
+    def pids(self) -> list[int]:
+        return [process.pid for process in self._started if process.poll() is None]
+
     def stop_all(self) -> None:
         for process in reversed(self._started):
             if process.poll() is None:

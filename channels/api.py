@@ -8,7 +8,7 @@ import uuid
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from channels.web import parse_body
+from channels.inbound import find_agent, read_body
 from core.answer.pipeline import AnswerPipeline
 from core.errors import Forbidden, InvalidInput, NotFound, Unauthorized, Unavailable
 from core.store.agents import Agent, Agents
@@ -36,10 +36,13 @@ class ApiChannel:
     async def _agent(self, request: web.Request) -> Agent:
         """The agent named in the path, when the request carries one of its API keys."""
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        key = key.strip()
         if scheme.lower() != "bearer" or not key:
             raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
-        agent_id = await self._keys.agent_for(key.strip())
-        agent = await self._agents.get(request.match_info["agent"])
+        if not (key.isascii() and key.isprintable()):
+            raise Unauthorized("invalid API key")  # keys are printable ASCII; no lookup needed
+        agent_id = await self._keys.agent_for(key)
+        agent = await find_agent(self._agents, request.match_info["agent"])
         if agent.id != agent_id:
             raise Forbidden("this API key belongs to another agent")
         return agent
@@ -56,7 +59,7 @@ class ApiChannel:
 
     async def turn(self, request: web.Request) -> web.Response:
         agent = await self._agent(request)
-        body: TurnBody = parse_body(await request.read(), TurnBody)
+        body = await read_body(request, TurnBody)
         session = body.session_id or uuid.uuid4().hex
         output = CollectingTurnOutput()
         outcome = await self._pipeline.run(

@@ -2,19 +2,28 @@
 
 The reply is sent later by a worker through the REST API (`channels.twilio_send`), so the
 webhook answers within milliseconds and a re-delivery of the same ``MessageSid`` is a no-op.
+The form is read by `channels.inbound`: a body that is not a UTF-8 form is a 400.
+
+Delivery reports (``POST /webhooks/twilio/status?agent=A``) are verified with agent A's
+credentials and change only A's messages: an account can never mark another's as read or
+failed. A report without ``agent`` (a reply sent before the callback named its agent) is
+verified with the environment's credentials and changes only messages of agents that send
+with the environment's account.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import NoReturn
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from multidict import MultiDictProxy
 from twilio.request_validator import RequestValidator
 
 from channels.credentials import ChannelNotConfigured, twilio_credentials
-from core.errors import Forbidden, InvalidInput
+from channels.inbound import find_agent, read_form
+from core.errors import AgentNotFound, Forbidden, InvalidInput
 from core.settings import Settings
 from core.store.agents import Agent, Agents
 from core.store.inbox import Inbox
@@ -27,6 +36,11 @@ CHANNEL = "whatsapp"
 SIGNATURE_HEADER = "X-Twilio-Signature"
 # Any other body (text/plain, JSON) would reach the user as a message or raise a warning.
 EMPTY_TWIML = '<?xml version="1.0" encoding="UTF-8"?><Response/>'
+# Twilio's message ids are 34 characters; a sender is "whatsapp:+E164". Both are indexed
+# (the inbox's unique key, its conversations), so a value Twilio never sends is refused.
+MAX_SID_CHARS = 64
+MAX_SENDER_CHARS = 200
+MAX_ERROR_CODE_CHARS = 16
 
 
 def signed_url(request: web.Request, public_url: str | None) -> str:
@@ -36,11 +50,20 @@ def signed_url(request: web.Request, public_url: str | None) -> str:
     is what the signature covers.
     """
     if public_url:
-        return public_url.rstrip("/") + request.raw_path
-    return f"{request.scheme}://{request.host}{request.raw_path}"
+        url = public_url.rstrip("/") + request.raw_path
+    else:
+        url = f"{request.scheme}://{request.host}{request.raw_path}"
+    try:
+        # What the validator does with it: a Host such as "a:b" has no port to read, and
+        # header bytes that are not UTF-8 cannot be hashed.
+        url.encode()
+        _ = urlsplit(url).port
+    except ValueError:
+        raise InvalidInput("the request's Host header is not a host name and port") from None
+    return url
 
 
-def _fields(form: MultiDictProxy[Any]) -> dict[str, str | list[str]]:
+def _fields(form: MultiDictProxy[str]) -> dict[str, str | list[str]]:
     """Every form field, kept as sent (Twilio adds fields without notice) but for the control
     characters PostgreSQL cannot store; read only after the signature is checked."""
     fields: dict[str, str | list[str]] = {}
@@ -50,6 +73,14 @@ def _fields(form: MultiDictProxy[Any]) -> dict[str, str | list[str]]:
         values = [clean_text(str(v)) for v in form.getall(name)]
         fields[clean_text(name)] = values[0] if len(values) == 1 else values
     return fields
+
+
+def _text(fields: dict[str, str | list[str]], name: str, limit: int) -> str | None:
+    """A field sent once, not blank and at most ``limit`` characters; else None."""
+    value = fields.get(name)
+    if isinstance(value, str) and value.strip() and len(value) <= limit:
+        return value
+    return None
 
 
 def _num_media(value: str | list[str] | None) -> int:
@@ -81,32 +112,60 @@ class TwilioChannel:
     async def status(self, request: web.Request) -> web.Response:
         """``POST /webhooks/twilio/status[?agent=A]``: a delivery report for a sent reply."""
         slug = request.query.get("agent")
-        agent = await self._agents.get(slug) if slug else None
-        form = await self._verified_form(agent, request)
-        sid, reported = form.get("MessageSid"), form.get("MessageStatus")
-        if not isinstance(sid, str) or not isinstance(reported, str):
+        agent = await find_agent(self._agents, slug) if slug else None
+        fields = _fields(await self._verified_form(agent, request))
+        sid = _text(fields, "MessageSid", MAX_SID_CHARS)
+        reported = fields.get("MessageStatus")
+        if sid is None or not isinstance(reported, str):
             raise InvalidInput("a Twilio status callback needs MessageSid and MessageStatus")
         status = _STATUSES.get(reported.lower())
-        code = form.get("ErrorCode")
         if status is not None:
+            senders = [agent.id] if agent is not None else await self._environment_senders(sid)
             applied = await self._outbox.record_status(
-                CHANNEL, sid, status, code if isinstance(code, str) and code else None
+                CHANNEL,
+                sid,
+                status,
+                _text(fields, "ErrorCode", MAX_ERROR_CODE_CHARS),
+                agent_ids=senders,
             )
-            log.info("twilio.status sid=%s status=%s applied=%s", sid, status, applied)
+            log.info(
+                "twilio.status agent=%s sid=%s status=%s applied=%s",
+                agent.slug if agent else "-",
+                sid,
+                status,
+                applied,
+            )
         return _twiml()
+
+    async def _environment_senders(self, sid: str) -> list[int]:
+        """The agents that sent message ``sid`` with the environment's Twilio account: those
+        whose reports a callback verified with the environment's credentials may change."""
+        senders = []
+        for agent_id in await self._outbox.agents_of(CHANNEL, sid):
+            try:
+                agent = await self._agents.by_id(agent_id)
+                if twilio_credentials(agent, self._settings).source == "environment":
+                    senders.append(agent_id)
+            except (AgentNotFound, ChannelNotConfigured):
+                continue
+        return senders
 
     async def webhook(self, request: web.Request) -> web.Response:
         """``POST /webhooks/twilio/{agent}``: an incoming WhatsApp message."""
-        agent = await self._agents.get(request.match_info["agent"])
+        agent = await find_agent(self._agents, request.match_info["agent"])
         form = await self._verified_form(agent, request)
         fields = _fields(form)
         if "MessageStatus" in fields:
             # A status callback pointed at the message URL: not a message, never answer it.
             log.info("twilio.webhook.ignored agent=%s kind=status", agent.slug)
             return _twiml()
-        sid, sender = fields.get("MessageSid"), fields.get("From")
-        if not isinstance(sid, str) or not sid or not isinstance(sender, str) or not sender:
-            raise InvalidInput("a Twilio message webhook needs MessageSid and From")
+        sid = _text(fields, "MessageSid", MAX_SID_CHARS)
+        sender = _text(fields, "From", MAX_SENDER_CHARS)
+        if sid is None or sender is None:
+            raise InvalidInput(
+                f"a Twilio message webhook needs MessageSid (at most {MAX_SID_CHARS} "
+                f"characters) and From (at most {MAX_SENDER_CHARS})"
+            )
         body = fields.get("Body")
         media_only = _num_media(fields.get("NumMedia")) > 0 and not (
             isinstance(body, str) and body.strip()
@@ -124,9 +183,10 @@ class TwilioChannel:
 
     async def _verified_form(
         self, agent: Agent | None, request: web.Request
-    ) -> MultiDictProxy[Any]:
-        """The form fields, once ``X-Twilio-Signature`` proves Twilio sent them; else 403.
-        Without an agent (status callbacks), the environment's credentials are used."""
+    ) -> MultiDictProxy[str]:
+        """The form fields, once ``X-Twilio-Signature`` proves Twilio sent them; else 403
+        (400 when the body is no UTF-8 form, see `read_form`). Without an agent (status
+        callbacks), the environment's credentials are used."""
         name = agent.slug if agent else "-"
         try:
             credentials = twilio_credentials(agent, self._settings)
@@ -134,26 +194,25 @@ class TwilioChannel:
             log.warning("twilio.webhook.rejected agent=%s reason=not_configured", name)
             raise
         signature = request.headers.get(SIGNATURE_HEADER, "")
-        form = await request.post()
-        reason = None
         if not signature:
-            reason = "missing_signature"
-        elif any(not isinstance(v, str) for v in form.values()):
-            reason = "not_a_form"  # multipart uploads are nothing Twilio sends
-        else:
-            validator = RequestValidator(credentials.auth_token.get_secret_value())
+            _reject(name, "missing_signature", credentials.source)
+        try:
+            form = await read_form(request)
             url = signed_url(request, self._settings.public_url)
-            if not validator.validate(url, form, signature):
-                reason = "invalid_signature"
-        if reason is not None:
-            log.warning(
-                "twilio.webhook.rejected agent=%s reason=%s credentials=%s",
-                name,
-                reason,
-                credentials.source,
-            )
-            raise Forbidden("the request is not signed by Twilio (X-Twilio-Signature)")
+        except InvalidInput:
+            log.warning("twilio.webhook.rejected agent=%s reason=malformed", name)
+            raise
+        validator = RequestValidator(credentials.auth_token.get_secret_value())
+        if not validator.validate(url, form, signature):
+            _reject(name, "invalid_signature", credentials.source)
         return form
+
+
+def _reject(agent: str, reason: str, credentials: str) -> NoReturn:
+    log.warning(
+        "twilio.webhook.rejected agent=%s reason=%s credentials=%s", agent, reason, credentials
+    )
+    raise Forbidden("the request is not signed by Twilio (X-Twilio-Signature)")
 
 
 def _twiml() -> web.Response:

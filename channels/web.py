@@ -8,14 +8,15 @@ import hmac
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from channels.inbound import find_agent, read_body
+from channels.inbound import parse_body as parse_body  # the staff playground's too
 from core.answer.pipeline import AnswerPipeline
-from core.errors import Forbidden, InvalidInput, RateLimited, Unauthorized
+from core.errors import Forbidden, RateLimited, Unauthorized
 from core.ports import Cache
 from core.store.agents import Agent, Agents
 from core.turns import MAX_MESSAGE_CHARS, CleanText, PageContext, TurnEvent, TurnOutput, TurnRequest
@@ -68,16 +69,6 @@ class SseTurnOutput:
         await self._response.write(sse(event))
 
 
-def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """A request body as ``model``; malformed JSON or fields give a clear 400."""
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        where = ".".join(str(p) for p in problem["loc"]) or "body"
-        raise InvalidInput(f"{where}: {problem['msg']}") from None
-
-
 def _origin(url: str | None) -> str | None:
     if not url:
         return None
@@ -87,12 +78,21 @@ def _origin(url: str | None) -> str | None:
 
 class WebChannel:
     def __init__(
-        self, pipeline: AnswerPipeline, agents: Agents, cache: Cache, public_url: str | None
+        self,
+        pipeline: AnswerPipeline,
+        agents: Agents,
+        cache: Cache,
+        public_url: str | None,
+        *,
+        client_address: Callable[[web.Request], str],
     ) -> None:
         self._pipeline = pipeline
         self._agents = agents
         self._cache = cache
         self._public_origin = _origin(public_url)
+        # The visitor's address, which the per-address limits are kept for: the gateway
+        # knows which proxies in front of it may say what it is.
+        self.client_address = client_address
         self._turns: set[asyncio.Task[object]] = set()
 
     async def drain(self, within: float) -> None:
@@ -113,7 +113,7 @@ class WebChannel:
         return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
 
     async def preflight(self, request: web.Request) -> web.Response:
-        agent = await self._agents.get(request.match_info["agent"])
+        agent = await find_agent(self._agents, request.match_info["agent"])
         origin = request.headers.get("Origin", "")
         if not origin or not self._allowed(agent, origin, request):
             raise Forbidden("this website is not allowed to use this agent's widget")
@@ -131,16 +131,17 @@ class WebChannel:
         if origin is not None and not self._allowed(agent, origin, request):
             raise Forbidden("this website is not allowed to use this agent's widget")
         request[ERROR_HEADERS] = self._cors(origin)
-        if not hmac.compare_digest(key.encode(), agent.widget_key.encode()):
+        # A header's bytes that are not UTF-8 arrive as surrogates: they match no key.
+        if not hmac.compare_digest(key.encode(errors="replace"), agent.widget_key.encode()):
             raise Unauthorized(f"missing or wrong widget key ({where})")
         return self._cors(origin)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        agent = await self._agents.get(request.match_info["agent"])
+        agent = await find_agent(self._agents, request.match_info["agent"])
         origin = request.headers.get("Origin")
         self.admit(agent, request, request.headers.get("X-Parley-Key", ""), "X-Parley-Key")
-        body: ChatBody = parse_body(await request.read(), ChatBody)
-        limited = await self._rate_limited(agent, body.session_id, request.remote or "unknown")
+        body = await read_body(request, ChatBody)
+        limited = await self._rate_limited(agent, body.session_id, self.client_address(request))
         if limited is not None:
             return self._too_many(limited, origin)
 
@@ -181,10 +182,10 @@ class WebChannel:
     async def clear(self, request: web.Request) -> web.Response:
         """The widget's "new conversation": the old session's memory is forgotten (its
         messages stay for staff). 204 whether or not the session had a conversation."""
-        agent = await self._agents.get(request.match_info["agent"])
+        agent = await find_agent(self._agents, request.match_info["agent"])
         cors = self.admit(agent, request, request.headers.get("X-Parley-Key", ""), "X-Parley-Key")
-        body: ClearBody = parse_body(await request.read(), ClearBody)
-        limited = await self._rate_limited(agent, body.session_id, request.remote or "unknown")
+        body = await read_body(request, ClearBody)
+        limited = await self._rate_limited(agent, body.session_id, self.client_address(request))
         if limited is not None:
             raise RateLimited("too many requests; please wait a moment", limited)
         await self._pipeline.memory.clear(agent.id, "web", body.session_id)

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from channels.inbound import find_agent
 from channels.web import WebChannel
 from core.errors import InvalidInput, RateLimited
 from core.handoff import ConversationFeed
@@ -33,7 +34,9 @@ from core.store.handoff import FeedMessage
 
 log = logging.getLogger(__name__)
 
-_SESSION = re.compile(r"^[A-Za-z0-9_-]{8,100}$")  # the chat route's session ids
+_SESSION = re.compile(r"[A-Za-z0-9_-]{8,100}")  # the chat route's session ids
+_MESSAGE_ID = re.compile(r"[0-9]{1,19}")
+MAX_MESSAGE_ID = 2**63 - 1  # messages.id is a bigint
 _HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache, no-transform",
@@ -72,7 +75,9 @@ def _resume_after(request: web.Request) -> int | None:
     ):
         if value is None or value == "":
             continue
-        if not value.isdigit() or len(value) > 19:
+        # ASCII digits only (str.isdigit() also takes "²", which int() refuses), and within
+        # PostgreSQL's bigint, checked before the stream opens: afterwards no error can be told.
+        if not _MESSAGE_ID.fullmatch(value) or int(value) > MAX_MESSAGE_ID:
             raise InvalidInput(f"{where}: must be a message id (a whole number)")
         return int(value)
     return None
@@ -97,15 +102,17 @@ class WidgetEvents:
         self._lifetime = lifetime
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        agent = await self._agents.get(request.match_info["agent"])
+        agent = await find_agent(self._agents, request.match_info["agent"])
         cors = self._web.admit(agent, request, request.query.get("key", ""), "key")
         session = request.query.get("session_id", "")
-        if not _SESSION.match(session):
+        if not _SESSION.fullmatch(session):
             raise InvalidInput("session_id: must be 8-100 letters, digits, '-' or '_'")
         after = _resume_after(request)
         rate, burst = OPEN_RATE
         bucket = await self._cache.take_token(
-            f"rate:web:{agent.id}:events:{request.remote or 'unknown'}", rate=rate, capacity=burst
+            f"rate:web:{agent.id}:events:{self._web.client_address(request)}",
+            rate=rate,
+            capacity=burst,
         )
         if not bucket.allowed:
             raise RateLimited("too many live streams opened; please wait", bucket.retry_after)

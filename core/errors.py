@@ -4,7 +4,9 @@ The hierarchy::
 
     ParleyError                     anything Parley reports to a user or an operator
     ├── ConfigError                 a setting or a combination of settings is unusable
-    │   └── EmbedderMismatch        the configured embedder differs from an agent's index
+    │   ├── EmbedderMismatch        the configured embedder differs from an agent's index
+    │   └── SecretUnreadable        a stored channel secret's key is not configured, or the
+    │                               value was altered (core/keyring.py)
     ├── Unavailable                 a backing service cannot be reached
     │   ├── StoreUnavailable        PostgreSQL
     │   ├── CacheUnavailable        Redis (readiness reports it; requests never see it)
@@ -15,6 +17,8 @@ The hierarchy::
     ├── NotFound                    something named does not exist
     │   └── AgentNotFound
     ├── Conflict                    it exists already
+    │   └── SecretsKeyMissing       a channel secret to store, and no PARLEY_SECRETS_KEY to
+    │                               encrypt it with (core/keyring.py)
     ├── Unauthorized                no or wrong credentials
     ├── Forbidden                   credentials fine, access refused
     └── RateLimited                 too many requests; ``retry_after`` seconds

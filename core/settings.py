@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
@@ -47,6 +48,47 @@ def _telegram_secret(value: SecretStr) -> SecretStr:
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+# A bearer token that guards every conversation (or the metrics) must not be guessable.
+MIN_TOKEN_CHARS = 32
+
+
+def _long_token(value: SecretStr) -> SecretStr:
+    if len(value.get_secret_value()) < MIN_TOKEN_CHARS:
+        raise ValueError(
+            f"must be at least {MIN_TOKEN_CHARS} characters long "
+            "(make one with: openssl rand -hex 32)"
+        )
+    return value
+
+
+Token = Annotated[SecretStr, AfterValidator(_long_token)]
+
+
+def _no_key_when_empty(value: Any) -> Any:
+    return None if value == "" else value
+
+
+def _secrets_key(value: SecretStr) -> SecretStr:
+    # A Fernet key: 32 bytes in url-safe base64, as `parley secrets new-key` prints.
+    try:
+        raw = base64.urlsafe_b64decode(value.get_secret_value().encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        raw = b""
+    if len(raw) != 32:
+        raise ValueError(
+            "must be a key made by `parley secrets new-key` (32 url-safe base64 bytes)"
+        )
+    return value
+
+
+def _secrets_keys(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+SecretsKey = Annotated[SecretStr, AfterValidator(_secrets_key)]
 
 
 def _networks(value: Any) -> Any:
@@ -103,9 +145,22 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     public_url: HttpUrl | None = None
-    admin_token: SecretStr | None = None
+    admin_token: Token | None = None
+    # With a token, GET /metrics wants "Authorization: Bearer <token>"; without one it is
+    # served only to clients on this machine (loopback), never through a proxy.
+    metrics_token: Token | None = None
     # How long a staff console sign-in lasts before the password (or token) is asked again.
     admin_session_hours: float = Field(12.0, gt=0, le=24 * 30)
+    # Proxies in front of the gateway (addresses or CIDRs, comma-separated): only a request
+    # from one of them has its client address read from ``forwarded_header``, the right-most
+    # hop that is not itself a trusted proxy. Empty: the connection's own address, always.
+    trusted_proxies: Networks = Field(default_factory=list)
+    forwarded_header: Literal["x-forwarded-for", "forwarded"] = "x-forwarded-for"
+    # Slow clients: a request body must have arrived this long after its headers (else 408),
+    # and an idle connection, or one whose request headers are still incomplete, is closed
+    # after keepalive_seconds (since it opened or since its last response).
+    body_read_seconds: float = Field(15.0, gt=0, le=300)
+    keepalive_seconds: float = Field(75.0, gt=0, le=3600)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     llm_base_url: HttpUrl | None = None
@@ -128,6 +183,15 @@ class Settings(BaseSettings):
     # CIDRs; every other loopback, private, link-local or otherwise non-public address is
     # refused, since what is crawled can be read by any visitor of the widget.
     crawl_allow_networks: Networks = Field(default_factory=list)
+
+    # Agents' channel secrets (Twilio auth token, Telegram bot token and webhook secret) are
+    # stored encrypted under this key, and cannot be stored without it. Keys used before stay
+    # readable while listed in PARLEY_SECRETS_OLD_KEYS (comma-separated), until `parley
+    # secrets rotate` has re-encrypted everything under the current one.
+    secrets_key: Annotated[SecretsKey | None, BeforeValidator(_no_key_when_empty)] = None
+    secrets_old_keys: Annotated[list[SecretsKey], NoDecode, BeforeValidator(_secrets_keys)] = Field(
+        default_factory=list
+    )
 
     twilio_account_sid: str | None = Field(
         None, validation_alias=_env("TWILIO_ACCOUNT_SID", "twilio_account_sid")
@@ -153,12 +217,14 @@ class Settings(BaseSettings):
     telegram_send_timeout_seconds: float = Field(30.0, gt=8, le=50)
     # WhatsApp / Telegram turns one worker process has in flight at once (`parley worker
     # --concurrency N`); most of them wait on the model, which costs them no work slot.
-    worker_concurrency: int = Field(64, ge=1, le=1024)
+    worker_concurrency: int = Field(256, ge=1, le=1024)
     # Of those, how many do their own work (embedding, search, quoting, saving) at once: a
     # few, so the cores and the database pool are not shared by dozens of turns' work.
     worker_cpu_slots: int = Field(4, ge=1, le=64)
     # WhatsApp / Telegram messages of one chat this close together are answered as one turn.
-    burst_window_seconds: float = Field(2.0, ge=0, le=60)
+    # Short, because every answer waits for it; a message that comes later, while the reply
+    # is still being written, is caught by redo_when_superseded.
+    burst_window_seconds: float = Field(1.0, ge=0, le=60)
     # A message arriving while its chat's reply is made: drop that reply, answer both at once.
     redo_when_superseded: bool = True
     # A WhatsApp / Telegram message whose answer keeps failing because a service is down (the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from channels.twilio import TwilioChannel
 from channels.web import WebChannel
 from channels.web_events import WidgetEvents
 from core.answer.factory import build_pipeline
+from core.answer.question import load_language_models
 from core.cache import open_cache
 from core.handoff import ConversationFeed, Handoff
 from core.llm.limits import ModelLimits
@@ -28,6 +30,7 @@ from core.store.outbox import Outbox
 from core.store.vector_index import check_embedders
 from gateway import health, routes
 from gateway.admin.setup import setup_admin
+from gateway.client_address import PROXY_TRUST, ProxyTrust, client_address
 from gateway.demo import DemoSite, demo_routes, widget_routes
 from gateway.durable import reply_splitters
 from gateway.keys import (
@@ -47,7 +50,7 @@ from gateway.keys import (
     WIDGET_EVENTS,
 )
 from gateway.metrics import HttpMetrics
-from gateway.middlewares import errors, metrics, request_context
+from gateway.middlewares import body_deadline, errors, metrics, request_context
 from gateway.runtime import HTTP_TIMEOUT, Runtime
 from gateway.worker import start_services, stop_services
 
@@ -67,6 +70,7 @@ POOL_SIZE = 20
 
 async def _embedder(app: web.Application) -> AsyncIterator[None]:
     embedder = await open_embedder(app[SETTINGS])
+    await asyncio.to_thread(load_language_models)
     app[EMBEDDER] = embedder
     yield
     await close_embedder(embedder)
@@ -127,7 +131,9 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
         agents,
         limits=app[MODEL_LIMITS],
     )
-    app[WEB_CHANNEL] = WebChannel(pipeline, agents, app[CACHE], settings.public_url)
+    app[WEB_CHANNEL] = WebChannel(
+        pipeline, agents, app[CACHE], settings.public_url, client_address=client_address
+    )
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
     app[WIDGET_EVENTS] = WidgetEvents(app[WEB_CHANNEL], agents, app[CACHE], app[CONVERSATION_FEED])
     app[HANDOFF] = Handoff(pool, splitters=reply_splitters(), memory=pipeline.memory)
@@ -172,8 +178,12 @@ def create_app(
     with ``background``, the messaging workers run in this process too (`parley serve`).
     """
     app = web.Application(
-        middlewares=[request_context, metrics, errors], client_max_size=MAX_BODY_BYTES
+        middlewares=[body_deadline(settings.body_read_seconds), request_context, metrics, errors],
+        client_max_size=MAX_BODY_BYTES,
+        # Also bounds how long a request's headers may take (README: "Behind a proxy").
+        handler_args={"keepalive_timeout": settings.keepalive_seconds},
     )
+    app[PROXY_TRUST] = ProxyTrust.of(settings)
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
     app[MODEL_LIMITS] = ModelLimits()

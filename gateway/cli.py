@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -19,6 +21,7 @@ from gateway.commands import (
     jobs,
     knowledge,
     search,
+    secrets,
     serve,
     staff,
     telegram,
@@ -72,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     jobs.register(commands)
     staff.register(commands)
     inbox.register(commands)
+    secrets.register(commands)
     return parser
 
 
@@ -99,6 +103,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         asyncio.run(run_worker(settings))
     elif args.command == "migrate":
         asyncio.run(_migrate(settings))
+    elif args.command == "secrets":
+        return secrets.run(args, settings)
     else:
         return asyncio.run(_with_runtime(args, settings))
     return 0
@@ -112,12 +118,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         long_running = args.command in ("serve", "worker")
         quiet = not long_running and "log_level" not in settings.model_fields_set
         configure_logging("WARNING" if quiet else settings.log_level)
-        return _run(args, settings)
+        status = _run(args, settings)
+        sys.stdout.flush()  # here, so that a reader gone away is noticed below
+        return status
     except ParleyError as exc:
         print(f"parley: error: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """`parley search ... | head`: the reader has what it wanted, so stop quietly, as a
+    command killed by SIGPIPE does (status 141), without a traceback."""
+    # What is still buffered would fail again when Python flushes stdout at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from aiohttp import web
 
 DEMO_SITE = Path(__file__).resolve().parents[1] / "bench" / "data" / "shop"
 WIDGET_JS = Path(__file__).resolve().parent / "static" / "widget.js"
+# Browsers ask every site for /favicon.ico; the sample shop has none of its own.
+FAVICON = Path(__file__).resolve().parent / "static" / "favicon.ico"
 
 # Short enough that a new widget reaches visitors within minutes; the ETag makes the
 # revalidation after that a 304.
@@ -127,11 +129,16 @@ def _read_page(root: Path, relative: str, tag: bytes) -> tuple[bytes, str, str |
     return body, kind, "utf-8" if kind.startswith(_TEXT_TYPES) else None
 
 
+def _bundled_icon() -> tuple[bytes, str, str | None]:
+    return FAVICON.read_bytes(), "image/x-icon", None
+
+
 def demo_routes(site_dir: Path, agent: str, widget_key: str) -> web.RouteTableDef:
     """The static site at `site_dir` with the widget's script tag injected into every page.
 
     `/widget.js` is answered here too (the catch-all would otherwise shadow it when these
-    routes are added first), so this table works with or without `widget_routes()`.
+    routes are added first), so this table works with or without `widget_routes()`. A site
+    without a `favicon.ico` of its own gets Parley's, so that browsers find one.
     """
     root = site_dir.resolve()
     tag = (
@@ -143,6 +150,8 @@ def demo_routes(site_dir: Path, agent: str, widget_key: str) -> web.RouteTableDe
 
     async def page(relative: str) -> web.Response:
         found = await asyncio.to_thread(_read_page, root, relative, tag)
+        if found is None and relative == "favicon.ico":
+            found = await asyncio.to_thread(_bundled_icon)
         if found is None:
             raise web.HTTPNotFound()
         body, kind, charset = found

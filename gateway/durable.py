@@ -120,9 +120,8 @@ class AgentSenders:
             token = twilio.auth_token.get_secret_value()
             callback = None
             if settings.public_url:
-                callback = f"{settings.public_url}/webhooks/twilio/status"
-                if twilio.source == "agent":
-                    callback += f"?agent={agent.slug}"  # verified with the agent's own token
+                # Verified with the agent's credentials, and changes only its messages.
+                callback = f"{settings.public_url}/webhooks/twilio/status?agent={agent.slug}"
             sid, sender_from = twilio.account_sid, twilio.whatsapp_from
             return (sid, token, sender_from, callback or ""), lambda: TwilioSender(
                 sid,
@@ -133,7 +132,10 @@ class AgentSenders:
                 timeout=settings.twilio_send_timeout_seconds,
             )
         if channel == "telegram":
-            bot = telegram_bot_token(agent, settings)
+            try:
+                bot = telegram_bot_token(agent, settings)
+            except ChannelNotConfigured:
+                return None
             if bot is None:
                 return None
             value = bot.get_secret_value()

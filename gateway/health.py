@@ -7,7 +7,8 @@ import asyncio
 from aiohttp import web
 
 from core.errors import Unavailable
-from gateway.keys import CACHE, DATABASE, METRICS
+from gateway.keys import CACHE, DATABASE, METRICS, SETTINGS
+from gateway.metrics import check_access
 from gateway.middlewares import error_response
 
 routes = web.RouteTableDef()
@@ -62,4 +63,5 @@ async def readyz(request: web.Request) -> web.Response:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
+    check_access(request, request.app[SETTINGS].metrics_token)
     return request.app[METRICS].render()

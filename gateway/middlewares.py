@@ -1,7 +1,8 @@
-"""Request ids, metrics and the one place where errors become HTTP responses."""
+"""Request ids, metrics, body deadlines and the one place where errors become HTTP responses."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -9,7 +10,8 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.streams import StreamReader
+from aiohttp.typedefs import Handler, Middleware
 
 from channels.web import ERROR_HEADERS
 from core import logcontext
@@ -68,6 +70,44 @@ def status_for(error: ParleyError) -> int:
     return 500
 
 
+class BodyTimedOut(TimeoutError):
+    """A request body that had not all arrived in time.
+
+    A `TimeoutError`, because aiohttp, which reads what is left of an unread body (up to its
+    lingering time) before it closes the connection, stops at once on one of those.
+    """
+
+
+def body_deadline(seconds: float) -> Middleware:
+    """Reading a request body fails with `BodyTimedOut` (a 408) once ``seconds`` have passed
+    since its headers came, and it has still not all arrived.
+
+    aiohttp waits for a body as long as the client keeps the connection open, so a client
+    sending a byte now and then would hold a connection, and a handler, for ever. The
+    deadline lies on the body itself, so every way a handler reads it (``read``, ``json``,
+    ``post``, a multipart reader) is bounded, the Twilio form read before its signature is
+    checked included.
+    """
+
+    @web.middleware
+    async def deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
+        body = request.content
+        if body.is_eof():  # no body, or all of it here already
+            return await handler(request)
+        timer = asyncio.get_running_loop().call_later(seconds, _expire, body, seconds)
+        try:
+            return await handler(request)
+        finally:
+            timer.cancel()
+
+    return deadline
+
+
+def _expire(body: StreamReader, seconds: float) -> None:
+    if not body.is_eof():
+        body.set_exception(BodyTimedOut(f"the request body did not arrive within {seconds:g} s"))
+
+
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Bind a request id (the caller's, if well-formed) to logs and echo it back."""
@@ -101,6 +141,9 @@ async def metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn every failure into the JSON error body, logging each one exactly once."""
     try:
+        if "\x00" in request.path:
+            # No agent, id or page has one, and PostgreSQL cannot even be asked about it.
+            raise NotFound("nothing has a NUL character (%00) in its address")
         return await handler(request)
     except ParleyError as exc:
         status = status_for(exc)
@@ -110,6 +153,11 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if isinstance(exc, RateLimited):
             headers["Retry-After"] = str(max(1, round(exc.retry_after)))
         return error_response(status, exc.code, exc.message, headers)
+    except BodyTimedOut as exc:
+        log.info("request.failed status=408 code=request_timeout path=%s", request.path)
+        response = error_response(408, "request_timeout", str(exc))
+        response.force_close()  # the rest of the body is not waited for
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

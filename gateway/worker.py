@@ -12,6 +12,7 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from core.answer.question import load_language_models
 from core.settings import Settings
 from gateway.durable import run_inbox_worker, run_outbox_sender
 from gateway.runtime import Runtime, open_runtime
@@ -32,6 +33,7 @@ SERVICES: dict[str, Service] = {
 async def run_worker(settings: Settings) -> None:
     # A connection per work slot, and a few for claims, lease renewals, the outbox and jobs.
     async with open_runtime(settings, pool_size=settings.worker_cpu_slots + 4) as runtime:
+        await asyncio.to_thread(load_language_models)
         await _run_until_signalled(runtime)
 
 

@@ -19,6 +19,7 @@ from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database, open_database
 from core.store.migrate import migrate
+from tests.support.redis_keys import delete_session_keys, key_prefix, session_keys
 from tests.support.services import (
     LOOPBACK,
     RedisServer,
@@ -28,15 +29,19 @@ from tests.support.services import (
 )
 
 TEMPLATE = "parley_template"
+# The key every test's settings seal agents' channel secrets under (PARLEY_SECRETS_KEY).
+SECRETS_KEY = "CiWjOeR0aBjGSrDoxiW0KDyDGdk2u-hbgNDKRUJqUCE="
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """Admin URL of the session's PostgreSQL server (one per test session).
 
-    Its data lives outside pytest's temporary folders: pytest keeps only the newest three
-    of those per user and deletes older ones, so another test run starting meanwhile would
-    remove this server's files under it."""
+    Its data lives outside pytest's temporary folders: every pytest run starting on the
+    machine makes ``/tmp/pytest-of-<user>`` private again (mode 0700), and a server running
+    as another user (pgserver's ``pgserver`` when the tests run as root) then cannot reach
+    its data directory below it and stops at its next checkpoint, failing every later test
+    with "connection refused" (tests/integration/test_suite_services.py)."""
     with (
         tempfile.TemporaryDirectory(prefix="parley-test-postgres-") as folder,
         postgres_server(Path(folder)) as url,
@@ -93,12 +98,18 @@ def database_url(postgres_url: str, template_database: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``PARLEY_REDIS_URL``, else the machine's Redis on 6379, else one started here."""
-    given = os.environ.get("PARLEY_REDIS_URL")
-    if given:
-        yield given
-    elif redis_answers("127.0.0.1", 6379):
-        yield "redis://127.0.0.1:6379/0"
+    """``PARLEY_REDIS_URL``, else the machine's Redis on 6379, else one started here.
+
+    Tests write keys only under the session's prefix (tests/support/redis_keys.py); on a
+    Redis that outlives the session they are deleted at its end, and none may be left."""
+    shared = os.environ.get("PARLEY_REDIS_URL")
+    if not shared and redis_answers("127.0.0.1", 6379):
+        shared = "redis://127.0.0.1:6379/0"
+    if shared:
+        yield shared
+        delete_session_keys(shared)
+        left = session_keys(shared)
+        assert not left, f"test keys written after the session ended: {left[:10]}"
     else:
         server = RedisServer(tmp_path_factory.mktemp("redis"))
         yield server.url
@@ -125,10 +136,11 @@ def make_settings(database_url: str, redis_url: str, tmp_path: Path) -> MakeSett
             "database_url": database_url,
             "redis_url": redis_url,
             # Tests share one Redis: keys of their own keep rate limits and caches apart.
-            "redis_prefix": f"test-{uuid.uuid4().hex[:12]}:",
+            "redis_prefix": key_prefix(),
             "data_dir": tmp_path / "data",
             # the local sites tests crawl listen on loopback
             "crawl_allow_networks": list(LOOPBACK),
+            "secrets_key": SECRETS_KEY,
         }
         return Settings(_env_file=None, **{**values, **overrides})  # type: ignore[call-arg]
 
@@ -157,6 +169,6 @@ def use_embedder() -> UseEmbedder:
 async def cache(redis_url: str) -> AsyncIterator[RedisCache]:
     """A Redis cache whose keys are this test's own."""
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    store = RedisCache(client, prefix=f"test:{uuid.uuid4().hex}:")
+    store = RedisCache(client, prefix=key_prefix())
     yield store
     await store.close()

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from core.patterns import cached_pattern
 from core.ports import Embedder
 from core.store.curated import CuratedAnswer
 
@@ -25,11 +26,13 @@ def _has_phrase(text: str, phrase: str) -> bool:
 
 
 def _pattern_matches(pattern: str, text: str) -> bool:
-    try:
-        return re.search(pattern, text, re.IGNORECASE) is not None
-    except re.error:
+    # RE2, never re: a staff pattern must not be able to hold the event loop (see
+    # core/patterns.py); one saved before patterns were checked with RE2 is skipped.
+    compiled = cached_pattern(pattern)
+    if compiled is None:
         log.warning("curated.pattern.invalid pattern=%r", pattern)
         return False
+    return compiled.search(text)
 
 
 # Curated questions change rarely and are asked about on every turn: embed each text once.

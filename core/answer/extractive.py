@@ -841,6 +841,11 @@ def _contains(a: str, b: str) -> bool:
     return x in y or y in x
 
 
+def _contains_words(text: str, part: str) -> bool:
+    """Whether ``part`` occurs in ``text`` as whole words, whatever the case and spacing."""
+    return f" {' '.join(words(fold(part)))} " in f" {' '.join(words(fold(text)))} "
+
+
 def _missing(question: Question, matcher: _Matcher, all_text: str) -> str | None:
     """The one thing a yes/no question asks about that no source mentions ("Bitcoin"), or
     None when everything is mentioned or several things are missing (nothing is settled)."""
@@ -895,9 +900,14 @@ async def extractive_answer(
     max_sentences: int = 3,
     min_similarity: float = 0.3,
     fallback_languages: Sequence[str] = (),
+    said: str | None = None,
 ) -> ExtractiveAnswer:
     """Pieces of the best page (source i cited as [i+1]) that answer ``question``; when none
-    is close enough, the deferral in the question's language with the contact route."""
+    is close enough, the deferral in the question's language with the contact route.
+
+    The answer's words are the sources' and its own phrases; the only others it may repeat
+    are those in ``said``, what the visitor wrote (None: the question's text). The rest of
+    the question (a page title the search query was filled in from) is never quoted."""
     language = question.language
     sentences = split_sentences([p.text for p in passages])
     if not sentences or not question.text.strip():
@@ -963,7 +973,8 @@ async def extractive_answer(
             opening = _yes_no(question, picked, matcher)
         elif members := _best_list(scored, page, min_similarity / 2):
             # "Can I pay with Bitcoin?" and a list of the ways to pay without it: no
-            opening = phrase("not_listed", language, thing=missing)
+            if _contains_words(said if said is not None else question.text, missing):
+                opening = phrase("not_listed", language, thing=missing)
             picked = [sentences[i] for i in members]
             # the answer names what is missing: that word is accounted for
             rest = [t for t in shared if t not in {fold(w) for w in words(missing)}]

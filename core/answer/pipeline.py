@@ -267,6 +267,9 @@ class AnswerPipeline:
 
         step = time.perf_counter()
         question = Question.read(rewrite.query, language, latest=request.text)
+        # What the answer may name besides the sources' words: what the visitor wrote, never
+        # the page title the search query was filled in from (the page's, or a forged one).
+        said = " ".join([*(text for role, text in history if role == "visitor"), request.text])
         query = self._retrieval_query(request, agent, rewrite.query, language)
         result = await self._retriever.retrieve(query)
         if question.names and not _names_found(question.names, result.hits):
@@ -292,7 +295,9 @@ class AnswerPipeline:
         await out.emit(TurnEvent.status("reading"))
 
         if self._chat is None:
-            quote, estimate = await self._estimate(request, agent, question, sources, match, trace)
+            quote, estimate = await self._estimate(
+                request, agent, question, sources, match, trace, said
+            )
             low_confidence = estimate < threshold
             await out.emit(TurnEvent.status("answering"))
             step = time.perf_counter()
@@ -322,7 +327,9 @@ class AnswerPipeline:
         if self._chat is not None:
             # Only the stored confidence needs the quote: worked out after the stream, it
             # adds nothing to the time the visitor waits for the first word.
-            _, estimate = await self._estimate(request, agent, question, sources, match, trace)
+            _, estimate = await self._estimate(
+                request, agent, question, sources, match, trace, said
+            )
             low_confidence = estimate < threshold
 
         processed = postprocess(generated.text, len(sources), [s.text for s in sources])
@@ -563,11 +570,12 @@ class AnswerPipeline:
         sources: list[SourceRef],
         match: float,
         trace: _Trace,
+        said: str,
     ) -> tuple[ExtractiveAnswer, float]:
         """The quote and the estimated probability that an answer from these sources is right
-        (the signals are recorded in the trace)."""
+        (the signals are recorded in the trace); ``said``: what the visitor wrote."""
         step = time.perf_counter()
-        quote = await self._quote(request, agent, question, sources)
+        quote = await self._quote(request, agent, question, sources, said)
         signals = Signals.of(quote.evidence, match, bool(question.wants), question.yes_no)
         trace.lap("quote", step)
         trace.data["confidence_signals"] = signals.as_dict()
@@ -579,6 +587,7 @@ class AnswerPipeline:
         agent: Agent,
         question: Question,
         sources: Sequence[SourceRef],
+        said: str,
     ) -> ExtractiveAnswer:
         """The sources' own words that answer: the extractive answer, and the evidence the
         confidence estimate rests on with or without a model."""
@@ -602,6 +611,7 @@ class AnswerPipeline:
             contact_route=agent.contact_route,
             min_similarity=EXTRACTIVE_MIN_SIMILARITY,
             fallback_languages=(language_of(agent.default_language),),
+            said=said,
         )
 
     async def _paced(self, text: str, out: _Output) -> None:

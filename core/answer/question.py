@@ -3,6 +3,7 @@ and whether it is a yes/no or a comparing question. Works in en, nl, de, fr, es 
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import re
@@ -13,6 +14,8 @@ from typing import Any
 import snowballstemmer  # type: ignore[import-untyped]
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 from stop_words import get_stop_words  # type: ignore[import-untyped]
+
+from core.knowledge.locale import detect_language
 
 log = logging.getLogger(__name__)
 
@@ -314,9 +317,22 @@ def guess_language(text: str) -> str | None:
 
 @functools.cache
 def _identifier(languages: tuple[str, ...]) -> Any:
-    identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    # A copy of the one model read from disk: reading it takes a second, copying it 50 ms.
+    identifier = copy.deepcopy(_model())
     identifier.set_languages(list(languages))
     return identifier
+
+
+@functools.cache
+def _model() -> Any:
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+def load_language_models() -> None:
+    """Reads the language identifiers' models (a second or two, blocking): a process that
+    answers calls it in a thread at start, so that no turn reads them on the event loop."""
+    _model()
+    detect_language("Where is my order?")
 
 
 def words(text: str) -> list[str]:

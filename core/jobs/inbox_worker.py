@@ -179,7 +179,7 @@ class InboxWorker:
         pool: asyncpg.Pool,
         pipeline: AnswerPipeline,
         *,
-        burst_window: float = 2.0,
+        burst_window: float = 1.0,
         lease: float = 60.0,
         concurrency: int = 64,
         cpu_slots: int = 4,

@@ -246,7 +246,9 @@ class OutboxSender:
             # Delivery reports sent before the id was known found no row: take the state now.
             status = getattr(part, "status", None)
             if status in _LATER_STATES:
-                await self._outbox.record_status(row.channel, provider_id, status, None)
+                await self._outbox.record_status(
+                    row.channel, provider_id, status, None, agent_ids=[row.agent_id]
+                )
             log.info(
                 "outbox.send.adopted channel=%s outbox_id=%d part=%d attempts=%d",
                 row.channel,

@@ -76,8 +76,17 @@ def _site_of(url: str) -> tuple[str, int | None] | None:
     return host, None if port in (None, _DEFAULT_PORTS[parts.scheme]) else port
 
 
+def _is_path(url: str) -> bool:
+    parts = urlsplit(url)
+    return not parts.scheme and not parts.netloc
+
+
 def same_host(url: str, other: str) -> bool:
-    """Whether two http(s) URLs are on one site: same host (with or without "www.") and port."""
+    """Whether two URLs are on one site: http(s) URLs with the same host (with or without
+    "www.") and port, or two addresses without a host (the pages of a local folder, cited
+    by their path, are one site)."""
+    if _is_path(url) and _is_path(other):
+        return True
     site = _site_of(url)
     return site is not None and site == _site_of(other)
 

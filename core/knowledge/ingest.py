@@ -7,12 +7,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from core.knowledge.chunk import Chunk, chunk_document
 from core.knowledge.crawl import CrawlLimits, Unchanged, crawl
 from core.knowledge.documents import Document, ReadError
 from core.knowledge.outbound import IPNetwork, crawler_session
-from core.knowledge.sources import SourceSpec, read_local
+from core.knowledge.sources import HTML_SUFFIXES, TEXT_SUFFIXES, SourceSpec, read_local
 from core.ports import Embedder
 from core.store.agents import Agent
 from core.store.knowledge import KnowledgeStore, StoredPage
@@ -23,6 +24,23 @@ log = logging.getLogger(__name__)
 EMBED_BATCH = 128
 
 Item = Document | ReadError | Unchanged
+
+
+@dataclass
+class IngestProgress:
+    """How far an ingest has come, for a progress display: pages done (stored, unchanged or
+    unreadable) out of ``pages_total`` when that is known beforehand (a local source),
+    chunks cut from new or changed pages, how many of those are being embedded now (the
+    slow part) and how many are embedded and stored."""
+
+    pages: int = 0
+    pages_total: int | None = None
+    chunks: int = 0
+    embedding: int = 0
+    embedded: int = 0
+
+
+ProgressCallback = Callable[[IngestProgress], None]
 
 
 @dataclass
@@ -66,15 +84,18 @@ class Ingestor:
         spec: SourceSpec,
         *,
         base_url: str | None = None,
-        on_page: Callable[[], None] | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> IngestReport:
+        """Bring ``spec``'s pages into ``agent``'s index. ``on_progress`` is called with the
+        counts so far whenever they change (the same object each time)."""
         source_id = await self._store.upsert_source(agent.id, spec.kind, spec.location)
         await self._store.set_source_status(source_id, "indexing", None)
         stored = await self._store.stored_pages(agent.id)
         report = IngestReport(source_id=source_id)
+        progress = _Progress(on_progress)
         try:
-            items = self._read(spec, base_url, stored, on_page)
-            seen = await self._sync(agent, source_id, items, stored, report)
+            items = self._read(spec, base_url, stored, progress)
+            seen = await self._sync(agent, source_id, items, stored, report, progress)
         except BaseException as exc:
             await self._store.set_source_status(source_id, "failed", _reason(exc))
             raise
@@ -107,22 +128,22 @@ class Ingestor:
         spec: SourceSpec,
         base_url: str | None,
         stored: dict[str, StoredPage],
-        on_page: Callable[[], None] | None,
+        progress: _Progress,
     ) -> AsyncIterator[Item]:
         if not spec.is_remote:
-            local = await asyncio.to_thread(lambda: list(read_local(spec, base_url)))
-            for read in local:
-                if on_page:
-                    on_page()
+            progress.counts.pages_total = await asyncio.to_thread(_count_local, spec)
+            progress.changed()
+            # One page at a time, so that progress shows while a large folder is read and
+            # embedded (reading everything first left the display still until the end).
+            pages = read_local(spec, base_url)
+            while (read := await asyncio.to_thread(next, pages, None)) is not None:
                 yield read
             return
         validators = {url: (page.etag, page.last_modified) for url, page in stored.items()}
         # A session of its own, not the process's shared one: that one talks to the model
         # and embedding services, which may well sit on private addresses.
         async with crawler_session(self._allow_networks) as session:
-            async for item in crawl(
-                spec.location, session, self._limits, validators=validators, on_page=on_page
-            ):
+            async for item in crawl(spec.location, session, self._limits, validators=validators):
                 yield item
 
     async def _sync(
@@ -132,48 +153,69 @@ class Ingestor:
         items: AsyncIterator[Item],
         stored: dict[str, StoredPage],
         report: IngestReport,
+        progress: _Progress,
     ) -> set[str]:
         seen: set[str] = set()
         pending: list[tuple[Document, list[Chunk]]] = []
         pending_chunks = 0
         fetched_any = False
         async for item in items:
-            if isinstance(item, ReadError):
-                report.errors.append(item)
-                if item.url:
-                    seen.add(item.url)
+            fetched_any = fetched_any or not isinstance(item, ReadError)
+            queued = await self._take(agent, source_id, item, stored, seen, report)
+            if queued is None:
+                progress.counts.pages += 1  # settled: nothing to embed
+                progress.changed()
                 continue
-            fetched_any = True
-            if isinstance(item, Unchanged):
-                seen.add(item.url)
-                report.unchanged += 1
-                continue
-            if item.url in seen:
-                continue  # two files or links resolving to one page: the first wins
-            seen.add(item.url)
-            known = stored.get(item.url)
-            if known is not None and known.content_hash == item.content_hash:
-                await self._store.touch_page(agent.id, source_id, item)
-                report.unchanged += 1
-                continue
-            chunks = chunk_document(item)
-            if not chunks:
-                report.errors.append(ReadError(item.url, "no text found", item.url))
-                continue
-            if known is None:
-                report.added += 1
-            else:
-                report.updated += 1
-            pending.append((item, chunks))
-            pending_chunks += len(chunks)
+            pending.append(queued)
+            pending_chunks += len(queued[1])
+            progress.counts.chunks += len(queued[1])
+            progress.changed()
             if pending_chunks >= EMBED_BATCH:
-                await self._write(agent, source_id, pending, report)
+                await self._write(agent, source_id, pending, report, progress)
                 pending, pending_chunks = [], 0
-        await self._write(agent, source_id, pending, report)
+        await self._write(agent, source_id, pending, report, progress)
         if not fetched_any and report.errors:
             # Nothing could be read at all (site down, folder gone): keep what the index has.
             report.failed = f"{report.errors[0].location}: {report.errors[0].reason}"
         return seen
+
+    async def _take(
+        self,
+        agent: Agent,
+        source_id: int,
+        item: Item,
+        stored: dict[str, StoredPage],
+        seen: set[str],
+        report: IngestReport,
+    ) -> tuple[Document, list[Chunk]] | None:
+        """Records what ``item`` is; a new or changed page comes back with its chunks, to
+        be embedded and stored."""
+        if isinstance(item, ReadError):
+            report.errors.append(item)
+            if item.url:
+                seen.add(item.url)
+            return None
+        if isinstance(item, Unchanged):
+            seen.add(item.url)
+            report.unchanged += 1
+            return None
+        if item.url in seen:
+            return None  # two files or links resolving to one page: the first wins
+        seen.add(item.url)
+        known = stored.get(item.url)
+        if known is not None and known.content_hash == item.content_hash:
+            await self._store.touch_page(agent.id, source_id, item)
+            report.unchanged += 1
+            return None
+        chunks = chunk_document(item)
+        if not chunks:
+            report.errors.append(ReadError(item.url, "no text found", item.url))
+            return None
+        if known is None:
+            report.added += 1
+        else:
+            report.updated += 1
+        return item, chunks
 
     async def _write(
         self,
@@ -181,11 +223,14 @@ class Ingestor:
         source_id: int,
         pending: Iterable[tuple[Document, list[Chunk]]],
         report: IngestReport,
+        progress: _Progress,
     ) -> None:
         batch = list(pending)
         if not batch:
             return
         inputs = [chunk.embedding_input() for _, chunks in batch for chunk in chunks]
+        progress.counts.embedding = len(inputs)
+        progress.changed()
         vectors = await self._embedder.embed(inputs)
         report.chunks_embedded += len(inputs)
         offset = 0
@@ -194,6 +239,43 @@ class Ingestor:
                 agent.id, source_id, doc, chunks, vectors[offset : offset + len(chunks)]
             )
             offset += len(chunks)
+        progress.counts.embedding = 0
+        progress.counts.embedded += len(inputs)
+        progress.counts.pages += len(batch)
+        progress.changed()
+
+
+class _Progress:
+    """The counts of one ingest and whoever wants to hear when they change."""
+
+    def __init__(self, callback: ProgressCallback | None) -> None:
+        self.counts = IngestProgress()
+        self._callback = callback
+
+    def changed(self) -> None:
+        if self._callback is not None:
+            self._callback(self.counts)
+
+
+def _count_local(spec: SourceSpec) -> int | None:
+    """About how many pages `read_local` will give for ``spec`` (a progress bar's total):
+    the folder's files it reads, the .jsonl file's lines."""
+    path = Path(spec.location)
+    if spec.kind == "directory":
+        suffixes = TEXT_SUFFIXES + HTML_SUFFIXES
+        return sum(
+            1
+            for found in path.rglob("*")
+            if found.suffix.lower() in suffixes
+            and not any(part.startswith(".") for part in found.relative_to(path).parts)
+        )
+    if spec.kind == "jsonl":
+        try:
+            with path.open("rb") as lines:
+                return sum(1 for line in lines if line.strip())
+        except OSError:
+            return None
+    return 1
 
 
 def _reason(exc: BaseException) -> str:

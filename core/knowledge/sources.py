@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from core.errors import InvalidInput
 from core.knowledge.classify import infer_page_type
 from core.knowledge.documents import Document, ReadError
-from core.knowledge.extract import extract_page
+from core.knowledge.extract import extract_page, normalise_url
 from core.knowledge.locale import resolve_locale
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,9 @@ def parse_source(argument: str) -> SourceSpec:
         if not urlsplit(argument).hostname:
             raise InvalidInput(f"{argument!r} is not a valid URL")
         kind: SourceKind = "sitemap" if urlsplit(argument).path.endswith(".xml") else "url"
-        return SourceSpec(kind, argument)
+        # One site, one source: "https://Shop.example" and "https://shop.example/" are the
+        # same address, and a second try must update the first one's row, not add another.
+        return SourceSpec(kind, normalise_url(argument))
     path = Path(argument).expanduser().resolve()
     if path.is_dir():
         return SourceSpec("directory", str(path))
@@ -128,13 +130,31 @@ def read_text(url: str, text: str) -> Document | ReadError:
 
 
 def read_directory(root: Path, base_url: str | None = None) -> Iterator[Document | ReadError]:
-    """Every .md/.html/.txt file under ``root``, in a stable order; hidden folders skipped."""
+    """Every .md/.html/.txt file under ``root``, in a stable order; hidden folders skipped.
+
+    Nothing outside ``root`` is read: a file whose real path lies outside it (a symbolic
+    link, or a file in a linked folder) and a linked folder that leaves it are reported as
+    skipped, so a link to ``/etc`` or a home folder never becomes public content. Linked
+    folders are not descended into (rglob does not follow them); their files inside
+    ``root`` are read where they really are."""
     suffixes = TEXT_SUFFIXES + HTML_SUFFIXES
+    inside = root.resolve()
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
         if any(part.startswith(".") for part in relative.parts):
             continue
-        if path.suffix.lower() in suffixes and (path.is_file() or path.is_symlink()):
+        wanted = path.suffix.lower() in suffixes
+        if not (wanted or (path.is_symlink() and path.is_dir())):
+            continue
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError):  # a loop of links
+            yield ReadError(str(path), "skipped: a loop of symbolic links")
+            continue
+        if not real.is_relative_to(inside):
+            # No url: a page once read through this link is removed, not kept as it was.
+            yield ReadError(str(path), "skipped: links outside the folder")
+        elif wanted and (path.is_file() or path.is_symlink()):
             yield read_file(path, _url_for(root, path, base_url))
 
 

@@ -25,7 +25,7 @@ from core.errors import InvalidInput
 log = logging.getLogger(__name__)
 
 # Answers of one agent that one process has the model write at once, unless the agent says.
-DEFAULT_LLM_CONCURRENCY = 64
+DEFAULT_LLM_CONCURRENCY = 128
 CONCURRENCY_SETTING = "llm_concurrency"
 RATE_SETTING = "llm_requests_per_minute"
 

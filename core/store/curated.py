@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 
 from core.errors import InvalidInput, NotFound
+from core.patterns import compile_pattern
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,8 @@ class CuratedAnswers:
         pattern: str | None = None,
         language: str | None = None,
     ) -> int:
+        if pattern:
+            compile_pattern(pattern)  # InvalidInput when RE2 cannot match it
         new_id: int = await self._pool.fetchval(
             """INSERT INTO curated_answers (agent_id, question, keywords, pattern, answer, language)
                VALUES ($1, $2, $3, $4, $5, $6) RETURNING id""",
@@ -117,6 +120,8 @@ class CuratedAnswers:
             raise InvalidInput(f"unknown curated answer field(s): {', '.join(sorted(unknown))}")
         if "keywords" in changes:
             changes["keywords"] = list(changes["keywords"])
+        if changes.get("pattern"):
+            compile_pattern(changes["pattern"])
         if changes:
             names = sorted(changes)
             assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(names, start=3))

@@ -24,6 +24,10 @@ _CONNECT_TIMEOUT = 10.0
 # A plain connection or one borrowed from the pool: repositories accept either.
 Connection = asyncpg.Connection | PoolConnectionProxy
 
+# Every id column is a bigint counted from 1. asyncpg refuses to send a larger number at all,
+# so an id from a request is checked against this before it reaches a query.
+MAX_ID = 2**63 - 1
+
 
 def describe_url(url: str) -> str:
     """host:port/database of a URL, without user or password, for messages and logs."""

@@ -10,7 +10,7 @@ import asyncpg
 import numpy as np
 from numpy.typing import NDArray
 
-from core.errors import NotFound
+from core.errors import Conflict, NotFound
 from core.knowledge.chunk import Chunk
 from core.knowledge.documents import Document
 from core.knowledge.locale import language_of, locale_from_url
@@ -50,15 +50,32 @@ class KnowledgeStore:
         self._pool = pool
 
     async def upsert_source(self, agent_id: int, kind: str, location: str) -> int:
-        source_id: int = await self._pool.fetchval(
-            """INSERT INTO sources (agent_id, kind, location) VALUES ($1, $2, $3)
-               ON CONFLICT (agent_id, kind, location) DO UPDATE SET kind = EXCLUDED.kind
-               RETURNING id""",
-            agent_id,
-            kind,
-            location,
-        )
-        return source_id
+        """The id of the agent's source at ``location``, made on first use.
+
+        Looked up before anything is inserted: an insert that meets the existing row still
+        draws an id from the sequence, and a source tried again and again would leave its
+        list of sources with gaps that look like rows come and gone."""
+        for _ in range(3):
+            source_id: int | None = await self._pool.fetchval(
+                """WITH made AS (
+                       INSERT INTO sources (agent_id, kind, location)
+                       SELECT $1, $2, $3
+                        WHERE NOT EXISTS (SELECT 1 FROM sources
+                                           WHERE agent_id = $1 AND kind = $2 AND location = $3)
+                       ON CONFLICT (agent_id, kind, location) DO NOTHING
+                       RETURNING id)
+                   SELECT id FROM made
+                   UNION ALL
+                   SELECT id FROM sources WHERE agent_id = $1 AND kind = $2 AND location = $3
+                   LIMIT 1""",
+                agent_id,
+                kind,
+                location,
+            )
+            if source_id is not None:
+                return source_id
+            # Made by another process after this statement's snapshot: the next one sees it.
+        raise Conflict(f"source {location} is being changed by another process; try again")
 
     async def set_source_status(self, source_id: int, status: str, error: str | None) -> None:
         await self._pool.execute(

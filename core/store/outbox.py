@@ -140,14 +140,33 @@ class Outbox:
         )
         return {r["provider_message_id"] for r in rows}
 
+    async def agents_of(self, channel: str, provider_message_id: str) -> list[int]:
+        """The agents whose parts were sent as ``provider_message_id``."""
+        rows = await self._pool.fetch(
+            """SELECT DISTINCT agent_id FROM outbox
+                WHERE provider_message_id = $2 AND channel = $1 ORDER BY agent_id""",
+            channel,
+            provider_message_id,
+        )
+        return [r["agent_id"] for r in rows]
+
     async def record_status(
-        self, channel: str, provider_message_id: str, status: str, error_code: str | None
+        self,
+        channel: str,
+        provider_message_id: str,
+        status: str,
+        error_code: str | None,
+        *,
+        agent_ids: Sequence[int],
     ) -> bool:
-        """A provider's delivery report. Reports arrive out of order, so a message only moves
-        forward (sent -> delivered -> read) and never leaves a final state; True if applied."""
+        """A provider's delivery report, for a message one of ``agent_ids`` sent (the agents
+        whose credentials the report was verified with). Reports arrive out of order, so a
+        message only moves forward (sent -> delivered -> read) and never leaves a final state;
+        True if applied."""
         result = await self._pool.execute(
             """UPDATE outbox SET status = $3, error_code = COALESCE($4, error_code)
                 WHERE channel = $1 AND provider_message_id = $2
+                  AND agent_id = ANY($5::bigint[])
                   AND status NOT IN ('read', 'failed', 'undelivered')
                   AND NOT (status = 'delivered' AND $3 <> 'read')
                   AND NOT (status = 'sent' AND $3 IN ('pending', 'sending'))""",
@@ -155,6 +174,7 @@ class Outbox:
             provider_message_id,
             status,
             error_code,
+            list(agent_ids),
         )
         return result != "UPDATE 0"
 

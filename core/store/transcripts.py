@@ -6,17 +6,20 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import asyncpg
 
 from core.errors import InvalidInput, NotFound
+from core.store.database import MAX_ID
 
 Status = Literal["bot", "waiting_for_staff", "staff"]
 # Trying an agent out and nightly checks make conversations too; staff see them when asked.
 HIDDEN_CHANNELS = ("playground", "test")
 MAX_PAGE = 200
+# Characters of a paging cursor; those `encode_cursor` makes have about 70.
+MAX_CURSOR = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +121,23 @@ def encode_cursor(at: datetime, conversation_id: int) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, int]:
+    """The position a cursor names; anything `encode_cursor` cannot have made is refused, so
+    no made-up time or id (beyond a bigint, before year 1 in UTC) reaches the query."""
+    refused = InvalidInput("cursor: not a cursor this API gave out")
+    if len(cursor) > MAX_CURSOR:
+        raise refused
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         at, _, conversation_id = raw.partition("|")
-        return datetime.fromisoformat(at), int(conversation_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidInput("cursor: not a cursor this API gave out") from None
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None:
+            raise refused
+        when.astimezone(UTC)  # OverflowError at the ends of the calendar
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
+        raise refused from None
+    if not conversation_id.isdigit() or not 0 < int(conversation_id) <= MAX_ID:
+        raise refused
+    return when, int(conversation_id)
 
 
 # The latest answered turn (staff replies have no confidence) and the summary of the

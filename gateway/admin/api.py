@@ -19,17 +19,20 @@ from pydantic import BaseModel, ValidationError
 
 from channels.web import WRITING_RULE, SseTurnOutput, parse_body
 from core.answer.escalation import validate_handoff_settings
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
 from core.jobs.inbox_worker import message_text
 from core.knowledge.sources import SourceSpec
 from core.llm.limits import validate_llm_limits
 from core.store.agents import Agent
+from core.store.database import MAX_ID
 from core.store.transcripts import ConversationFilter
 from core.turns import TurnEvent, TurnRequest
 from gateway.admin import schemas as s
 from gateway.admin.auth import STAFF, Staff
+from gateway.admin.events import PLAYGROUND_EVENTS, Events
 from gateway.admin.guard import API_PREFIX
 from gateway.admin.services import AdminServices
+from gateway.client_address import client_address
 from gateway.keys import ADMIN, WEB_CHANNEL
 
 Reply = BaseModel | web.StreamResponse | None
@@ -50,7 +53,7 @@ class Call:
         return self.request[STAFF]
 
     def id(self, name: str = "id") -> int:
-        return int(self.request.match_info[name])
+        return path_id(self.request, name)
 
     async def agent(self) -> Agent:
         return await self.admin.agents.get(self.request.match_info["agent"])
@@ -58,6 +61,16 @@ class Call:
     def on_response(self, change: Callable[[web.StreamResponse], None]) -> None:
         """Adjust the response once it exists (cookies)."""
         self._on_response.append(change)
+
+
+def path_id(request: web.Request, name: str = "id") -> int:
+    """An id from the path, whose route lets only digits through. One no row can have (0, or
+    beyond a bigint) is not found, rather than a query PostgreSQL's driver refuses to send."""
+    raw = request.match_info[name]
+    digits = raw.lstrip("0")
+    if not digits or len(digits) > len(str(MAX_ID)) or int(digits) > MAX_ID:
+        raise NotFound(f"{name}: there is nothing with the id {raw[:40]}")
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,9 @@ class Operation:
     response: type[BaseModel] | None = None
     status: int = 200
     stream: bool = False  # text/event-stream instead of JSON
+    events: Events = ()  # what the stream sends: each event's name and data
     public: bool = False  # reachable without signing in
+    signs_in: bool = False  # sets the session cookie: JSON from this gateway's pages only
 
     @property
     def route(self) -> str:
@@ -108,6 +123,8 @@ def parse_query(request: web.Request, model: type[BaseModel]) -> Any:
 def _handler(op: Operation) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         call = Call(request, request.app[ADMIN])
+        if op.signs_in:
+            call.admin.auth.check_sign_in_request(request)
         if op.query is not None:
             call.query = parse_query(request, op.query)
         if op.body is not None:
@@ -153,12 +170,13 @@ def _session(staff: Staff, expires_at: Any = None) -> s.SessionOut:
     body=s.SignInBody,
     response=s.SessionOut,
     public=True,
+    signs_in=True,
 )
 async def sign_in(call: Call) -> s.SessionOut:
     body: s.SignInBody = call.body
     auth = call.admin.auth
     signed_in = await auth.sign_in(
-        remote=call.request.remote or "unknown",
+        address=client_address(call.request),
         token=body.token,
         email=body.email,
         password=body.password,
@@ -768,6 +786,7 @@ class PlaygroundOutput:
     "playground",
     body=s.PlaygroundBody,
     stream=True,
+    events=PLAYGROUND_EVENTS,
 )
 async def playground(call: Call) -> web.StreamResponse:
     """Server-sent events as the widget gets them (status, token, sources, done or error),

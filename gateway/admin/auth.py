@@ -12,6 +12,11 @@ Two ways in, checked in this order:
 The guard middleware (`gateway.admin.guard`) applies this to every ``/admin`` and
 ``/api/v1/admin`` route and leaves the signed-in `Staff` at ``request[STAFF]``; pages read
 `current_staff(request)` and put `csrf_token(request)` into their forms.
+
+Wrong credentials are slowed down by `gateway.admin.throttle`; right ones never are, so
+someone else's guessing cannot keep staff out. A sign-in that sets the cookie must come as
+JSON from a page of this gateway (or from no page at all: a script), so that another site
+cannot sign a visitor's browser in to an account of its choosing (login CSRF).
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from core.errors import AdminDisabled, Forbidden, RateLimited, Unauthorized
+from core.errors import AdminDisabled, Forbidden, Unauthorized
 from core.ports import Cache
 from core.settings import Settings
 from core.store.staff import NewSession, StaffAccounts, StaffMember, StaffSessions
+from gateway.admin.throttle import SignInThrottle
+from gateway.client_address import client_address
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +44,8 @@ CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
-
-# Failed sign-ins, as token buckets (tokens a second, burst): per client address, and per
-# account so that guessing one password from many addresses is slowed down too.
-ADDRESS_LIMIT = (1 / 30, 10.0)
-ACCOUNT_LIMIT = (1 / 60, 10.0)
+# What the admin token is, to the throttle: an account no email address can be.
+TOKEN_ACCOUNT = "token"  # noqa: S105 (a name, not a secret)
 
 
 class CsrfRejected(Forbidden):
@@ -117,6 +122,17 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
+def _host(url: str | None) -> str | None:
+    """The ``host[:port]`` of an absolute URL, lowercased; None for anything else ("null")."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return parts.netloc.lower() if parts.scheme in ("http", "https") and parts.netloc else None
+
+
 class StaffAuth:
     """Signs staff in and out and recognises them on later requests."""
 
@@ -131,8 +147,9 @@ class StaffAuth:
         self._token = token or None
         self._accounts = accounts
         self._sessions = sessions
-        self._cache = cache
+        self._throttle = SignInThrottle(cache)
         self._lifetime = timedelta(hours=settings.admin_session_hours)
+        self._public_host = _host(settings.public_url)
         # A cookie marked Secure is only sent over https; a plain-http gateway must not set it.
         self.secure_cookies = bool(settings.public_url and settings.public_url.startswith("https:"))
 
@@ -149,51 +166,59 @@ class StaffAuth:
             )
         return Unauthorized(message)
 
-    async def _check_limit(self, key: str, limit: tuple[float, float]) -> None:
-        rate, burst = limit
-        # A zero-cost take reads the bucket without spending: only failures spend.
-        bucket = await self._cache.take_token(key, rate=rate, capacity=burst, cost=0)
-        if bucket.remaining < 1:
-            raise RateLimited(
-                "too many failed sign-ins; try again later", (1 - bucket.remaining) / rate
-            )
+    async def _wrong_token(self, address: str, why: str) -> Unauthorized:
+        """A wrong admin token: counted, and `RateLimited` raised once they come too fast."""
+        await self._throttle.begin(TOKEN_ACCOUNT, address)
+        log.info("admin.sign_in.failed reason=%s address=%s", why, address)
+        return Unauthorized("wrong admin token")
 
-    async def _failed(self, keys: list[tuple[str, tuple[float, float]]], why: str) -> None:
-        for key, (rate, burst) in keys:
-            await self._cache.take_token(key, rate=rate, capacity=burst)
-        log.info("admin.sign_in.failed reason=%s", why)
+    def check_sign_in_request(self, request: web.Request) -> None:
+        """Refuse a cookie-setting sign-in that another site's page could have sent.
+
+        Its body must be declared JSON (415 otherwise): a page elsewhere can only send that
+        after a CORS preflight, which this gateway never grants. And a browser says which page
+        sent it, in ``Origin`` (or, failing that, ``Referer``): it must be one of this
+        gateway's (403 otherwise). A request naming no page at all comes from a script.
+        """
+        if request.content_type != "application/json":
+            raise web.HTTPUnsupportedMediaType(
+                reason="send the sign-in as JSON (Content-Type: application/json)"
+            )
+        sender = request.headers.get("Origin", request.headers.get("Referer"))
+        if sender is None:
+            return
+        if _host(sender) not in {request.host.lower(), self._public_host} - {None}:
+            log.info("admin.sign_in.refused reason=origin")
+            raise CsrfRejected("sign-in is only accepted from this gateway's own pages")
 
     async def sign_in(
         self,
         *,
-        remote: str,
+        address: str,
         token: str | None = None,
         email: str | None = None,
         password: str | None = None,
     ) -> SignedIn:
-        """A new session for the admin token, or for a staff email and password.
+        """A new session for the admin token, or for a staff email and password, signing in
+        from the client ``address``.
 
-        Raises `Unauthorized` for wrong credentials and `RateLimited` after too many of them.
+        Raises `Unauthorized` for wrong credentials and `RateLimited` when they come too fast.
         """
-        limits = [(f"admin:sign-in:address:{remote}", ADDRESS_LIMIT)]
-        if email:
-            limits.append((f"admin:sign-in:account:{email.strip().lower()}", ACCOUNT_LIMIT))
-        for key, limit in limits:
-            await self._check_limit(key, limit)
         if token is not None:
             if self._token is None:
                 raise await self._unauthorized(
                     "no admin token is configured; sign in with a password"
                 )
             if not _same(token, self._token):
-                await self._failed(limits, "token")
-                raise Unauthorized("wrong admin token")
+                raise await self._wrong_token(address, "token")
             member = None
         elif email is not None and password is not None:
+            attempt = await self._throttle.begin(email.strip().lower(), address)
             found = await self._accounts.authenticate(email, password)
             if found is None:
-                await self._failed(limits, "password")
+                log.info("admin.sign_in.failed reason=password address=%s", address)
                 raise await self._unauthorized("wrong email address or password")
+            await self._throttle.succeeded(attempt)
             member = found
         else:
             raise await self._unauthorized("give the admin token, or an email address and password")
@@ -233,11 +258,8 @@ class StaffAuth:
         if token is not None:
             if self._token is None:
                 raise await self._unauthorized("no admin token is configured on this gateway")
-            limit = [(f"admin:sign-in:address:{request.remote or 'unknown'}", ADDRESS_LIMIT)]
-            await self._check_limit(*limit[0])
             if not _same(token, self._token):
-                await self._failed(limit, "bearer")
-                raise Unauthorized("wrong admin token")
+                raise await self._wrong_token(client_address(request), "bearer")
             return Staff(None, None, "Admin", "token")
         session_id = request.cookies.get(SESSION_COOKIE)
         if session_id:

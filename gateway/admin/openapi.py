@@ -14,13 +14,20 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from channels.api import TurnBody
 from channels.web import ChatBody, ClearBody
+from core.store.database import MAX_ID
 from gateway.admin.api import OPERATIONS, Operation
 from gateway.admin.auth import CSRF_HEADER, SESSION_COOKIE
+from gateway.admin.events import CONVERSATION_EVENTS, TURN_EVENTS, ErrorData, Events
 from gateway.admin.schemas import ErrorOut
 
 OPENAPI_PATH = "/api/v1/openapi.json"
 _REF = "#/components/schemas/{model}"
 _PARAM = re.compile(r"\{(\w+)(?::([^}]*))?\}")
+# A path id: the route takes digits; beyond these bounds nothing is found (404).
+_ID = {"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_ID}
+
+
+_Rule = dict[str, Any] | tuple[type[BaseModel], str]
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,17 @@ class _Doc:
     response: type[BaseModel] | None = None
     status: int = 200
     stream: bool = False
+    # the events a stream sends, by name, with the model of each one's data
+    events: Events = ()
     security: Literal["admin", "public", "api_key", "widget_key", "webhook"] = "admin"
     description: str = ""
     # (name, required, description) of query parameters read without a model
     parameters: tuple[tuple[str, bool, str], ...] = ()
+    # parameters (path or query) that take only some strings: the JSON Schema of their
+    # values, or the (model, field) whose rule applies to them too
+    rules: tuple[tuple[str, _Rule], ...] = ()
+    # a rate-limited request is answered in the stream's own form (an error event)
+    limited_as_event: bool = False
 
 
 def _from_operation(op: Operation) -> _Doc:
@@ -56,6 +70,7 @@ def _from_operation(op: Operation) -> _Doc:
         response=op.response,
         status=op.status,
         stream=op.stream,
+        events=op.events,
         security="public" if op.public else "admin",
         description=op.handler.__doc__ or "",
     )
@@ -70,8 +85,11 @@ _CHANNEL_ROUTES = (
         "channels",
         body=ChatBody,
         stream=True,
+        events=TURN_EVENTS,
         security="widget_key",
-        description="Events: status, token, sources, then done or error.",
+        description="Events: status, token, sources, then done or error. Over the rate "
+        "limit, the 429 is an error event too.",
+        limited_as_event=True,
     ),
     _Doc(
         "POST",
@@ -90,6 +108,7 @@ _CHANNEL_ROUTES = (
         "Staff replies and handoff changes of a widget conversation, live",
         "channels",
         stream=True,
+        events=CONVERSATION_EVENTS,
         security="public",
         description="Events: state, staff, handoff. The browser's EventSource sends no "
         "headers, so the widget key is a query parameter.",
@@ -97,6 +116,10 @@ _CHANNEL_ROUTES = (
             ("session_id", True, "the widget's session id"),
             ("key", True, "the agent's widget key"),
             ("since", False, "resume after this message id (or send Last-Event-ID)"),
+        ),
+        rules=(
+            ("session_id", (ChatBody, "session_id")),
+            ("since", {"type": "string", "pattern": "^[0-9]*$", "maxLength": 19}),
         ),
     ),
     _Doc(
@@ -107,6 +130,7 @@ _CHANNEL_ROUTES = (
         "channels",
         status=204,
         security="api_key",
+        rules=(("conversation_key", (TurnBody, "session_id")),),
     ),
     _Doc(
         "POST",
@@ -157,21 +181,74 @@ _ERRORS = {
     "401": "not signed in, or a wrong token",
     "403": "refused (e.g. a missing or wrong CSRF token)",
     "404": "no such agent or item",
+    "409": "conflicts with what exists, or with the server's configuration (e.g. a channel "
+    "secret to store and no PARLEY_SECRETS_KEY to encrypt it with)",
     "429": "too many requests",
     "503": "unavailable (e.g. the admin side is disabled)",
 }
+_BODY_ERRORS = {
+    "408": "the request body did not all arrive in time",
+    "413": "the request body is larger than the gateway takes (1 MiB)",
+    "415": "the request body is not of the media type the operation takes",
+}
 
 
-def _path_parameters(route: str) -> list[dict[str, Any]]:
+def _rule(
+    doc: _Doc, name: str, refs: dict[tuple[type[BaseModel], str], Any], schemas: dict[str, Any]
+) -> dict[str, Any]:
+    """The JSON Schema of a parameter read without a model: a string, unless a rule says."""
+    rule = dict(doc.rules).get(name)
+    if rule is None:
+        return {"type": "string"}
+    if isinstance(rule, dict):
+        return rule
+    model, field = rule
+    component = refs[(model, "validation")]["$ref"].rsplit("/", 1)[1]
+    prop = schemas[component]["properties"][field]
+    # An optional field's rule for its value, without the null it may also be.
+    for option in prop.get("anyOf", [prop]):
+        if option.get("type") != "null":
+            return {k: v for k, v in option.items() if k not in ("title", "description")}
+    raise ValueError(f"{model.__name__}.{field} has no rule for a value")
+
+
+def _path_parameters(
+    doc: _Doc, refs: dict[tuple[type[BaseModel], str], Any], schemas: dict[str, Any]
+) -> list[dict[str, Any]]:
     return [
         {
             "name": name,
             "in": "path",
             "required": True,
-            "schema": {"type": "integer"} if pattern == r"\d+" else {"type": "string"},
+            "schema": dict(_ID) if pattern == r"\d+" else _rule(doc, name, refs, schemas),
         }
-        for name, pattern in _PARAM.findall(route)
+        for name, pattern in _PARAM.findall(doc.route)
     ]
+
+
+def _events(events: Events, refs: dict[tuple[type[BaseModel], str], Any]) -> dict[str, Any]:
+    """What each event of a stream is: its name, and one line of JSON data of that name's
+    model (OpenAPI 3.2 calls this the stream's ``itemSchema``; before 3.2, ``schema``)."""
+    return {
+        "description": "one event of the stream; its data is JSON",
+        "oneOf": [
+            {
+                "title": f"{name} event",
+                "type": "object",
+                "required": ["event", "data"],
+                "properties": {
+                    "event": {"const": name},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": refs[(model, "serialization")],
+                    },
+                    "id": {"type": "string"},
+                },
+            }
+            for name, model in events
+        ],
+    }
 
 
 def _query_parameters(model: type[BaseModel], schemas: dict[str, Any]) -> list[dict[str, Any]]:
@@ -192,19 +269,20 @@ def _query_parameters(model: type[BaseModel], schemas: dict[str, Any]) -> list[d
 def _operation(
     doc: _Doc, refs: dict[tuple[type[BaseModel], str], Any], schemas: dict[str, Any]
 ) -> dict[str, Any]:
-    parameters = _path_parameters(doc.route)
+    parameters = _path_parameters(doc, refs, schemas)
     if doc.query is not None:
         parameters += _query_parameters(doc.query, schemas)
     parameters += [
         {"name": name, "in": "query", "required": required, "description": text,
-         "schema": {"type": "string"}}
+         "schema": _rule(doc, name, refs, schemas)}
         for name, required, text in doc.parameters
     ]  # fmt: skip
     responses: dict[str, Any] = {}
     if doc.stream:
         responses[str(doc.status)] = {
-            "description": "a stream of server-sent events",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "a stream of server-sent events: "
+            + ", ".join(name for name, _ in doc.events),
+            "content": {"text/event-stream": {"schema": _events(doc.events, refs)}},
         }
     elif doc.response is not None:
         responses[str(doc.status)] = {
@@ -219,8 +297,15 @@ def _operation(
             "content": {"application/json": {"schema": {"type": "object"}}},
         }
     error = {"application/json": {"schema": refs[(ErrorOut, "serialization")]}}
-    for status, description in _ERRORS.items():
+    has_body = doc.body is not None or doc.method in ("POST", "PUT", "PATCH")
+    for status, description in (_ERRORS | (_BODY_ERRORS if has_body else {})).items():
         responses[status] = {"description": description, "content": error}
+    if doc.limited_as_event:
+        events = _events((("error", ErrorData),), refs)
+        responses["429"] = {
+            "description": "too many messages: an error event (rate_limited), with Retry-After",
+            "content": {"text/event-stream": {"schema": events}},
+        }
     result: dict[str, Any] = {
         "operationId": doc.operation_id,
         "summary": doc.summary,
@@ -242,12 +327,17 @@ def _operation(
 
 
 def _models(docs: Iterable[_Doc]) -> list[tuple[type[BaseModel], JsonSchemaMode]]:
-    wanted: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {(ErrorOut, "serialization"): None}
+    wanted: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {
+        (ErrorOut, "serialization"): None,
+        (ErrorData, "serialization"): None,
+    }
     for doc in docs:
         for model, mode in (
             (doc.query, "validation"),
             (doc.body, "validation"),
             (doc.response, "serialization"),
+            *((event, "serialization") for _, event in doc.events),
+            *((rule[0], "validation") for _, rule in doc.rules if isinstance(rule, tuple)),
         ):
             if model is not None:
                 wanted[(model, mode)] = None  # type: ignore[index]

@@ -2,22 +2,52 @@
 
 from __future__ import annotations
 
+import math
 import re
-from datetime import datetime
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
 
+from core.errors import InvalidInput
+from core.patterns import compile_pattern
+from core.store.database import MAX_ID
 from core.turns import MAX_MESSAGE_CHARS, PageContext
 
 ChannelName = Literal["web", "api", "whatsapp", "telegram", "playground", "test"]
 _LANGUAGE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$"
+
+# The longest answer an agent may ask the model for, in words.
+MAX_WORDS = 2000
+# A stored row's id (every id column is a bigint counted from 1).
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+
+
+def _written_as_date(value: Any) -> Any:
+    # Pydantic would read a number ("0.5") as seconds since 1970; the API takes dates only.
+    if isinstance(value, str) and not re.match(r"^\d{4}-\d{2}-\d{2}", value):
+        raise ValueError("give a date and time such as 2024-05-31T09:00:00Z")
+    return value
+
+
+def _in_utc(value: datetime) -> datetime:
+    # Without an offset it is UTC; a moment UTC has no date for (year 0, year 10000) is refused.
+    try:
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValueError("give a date and time from year 1 to 9999 in UTC") from None
+
+
+# A date and time in a query string, in ISO 8601.
+Moment = Annotated[datetime, BeforeValidator(_written_as_date), AfterValidator(_in_utc)]
 
 
 def _nul_at(value: Any, where: str) -> str | None:
@@ -49,9 +79,10 @@ def _refuse_nul(data: Any) -> Any:
 
 class Body(BaseModel):
     """Request bodies: unknown fields are refused, so a misspelt setting is not ignored, and
-    so is a NUL character in any text."""
+    so is a NUL character in any text. Types are strict: ``false`` is no id and ``"1"`` no
+    number."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -187,10 +218,35 @@ class TelegramPatch(Body):
 
 
 class ChannelsPatch(Body):
-    """A channel set to null loses the agent's own credentials (the environment's apply)."""
+    """A channel set to null loses the agent's own credentials (the environment's apply).
+    Secrets are stored encrypted under PARLEY_SECRETS_KEY; without it they are refused (409)."""
 
     twilio: TwilioPatch | None = None
     telegram: TelegramPatch | None = None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_known_settings(settings: dict[str, Any]) -> None:
+    """The other settings that every turn reads, in the shape it reads them: refused here
+    rather than failing each answer as a 500. Unknown keys are left alone."""
+    limits = settings.get("rate_limits")
+    if limits is not None:
+        if not isinstance(limits, dict) or not set(limits) <= {"session", "ip"}:
+            raise ValueError('rate_limits: give {"session": [rate, burst], "ip": [rate, burst]}')
+        for scope, pair in limits.items():
+            if not isinstance(pair, list) or len(pair) != 2 or not all(map(_number, pair)):
+                raise ValueError(f"rate_limits.{scope}: give [messages per second, burst]")
+            if pair[0] <= 0 or pair[1] < 1:
+                raise ValueError(f"rate_limits.{scope}: the rate must be > 0 and the burst >= 1")
+    threshold = settings.get("answer_threshold")
+    if threshold is not None and not (_number(threshold) and 0 <= threshold <= 1):
+        raise ValueError("answer_threshold: give a number from 0 to 1")
+    words = settings.get("max_words")
+    if words is not None and not (type(words) is int and 1 <= words <= MAX_WORDS):
+        raise ValueError(f"max_words: give a whole number from 1 to {MAX_WORDS}")
 
 
 class AgentPatch(Body):
@@ -231,6 +287,7 @@ class AgentPatch(Body):
         reserved = {"twilio", "telegram"} & set(value or {})
         if reserved:
             raise ValueError(f"set {', '.join(sorted(reserved))} through channels")
+        _check_known_settings(value or {})
         return value
 
 
@@ -245,8 +302,8 @@ class ConversationQuery(Query):
     low_confidence: bool = Field(False, description="only where the latest answer was weak")
     waiting: bool = Field(False, description="only those waiting for staff")
     status: Literal["bot", "waiting_for_staff", "staff"] | None = None
-    since: datetime | None = Field(None, description="last message at or after")
-    until: datetime | None = Field(None, description="last message before")
+    since: Moment | None = Field(None, description="last message at or after")
+    until: Moment | None = Field(None, description="last message before")
     cursor: str | None = Field(None, max_length=200, description="next_cursor of the last page")
     limit: int = Field(50, ge=1, le=200)
 
@@ -367,7 +424,7 @@ class InboxList(Out):
 
 
 class InboxRetryBody(Body):
-    ids: list[int] = Field(min_length=1, max_length=5000, description="inbox message ids")
+    ids: list[Id] = Field(min_length=1, max_length=5000, description="inbox message ids")
 
 
 class InboxRetriedOut(Out):
@@ -394,7 +451,7 @@ class GapList(Out):
 
 
 class ResolveGapsBody(Body):
-    gap_ids: list[int] = Field(min_length=1, max_length=5000, description="a group's gap_ids")
+    gap_ids: list[Id] = Field(min_length=1, max_length=5000, description="a group's gap_ids")
 
 
 class ResolvedOut(Out):
@@ -453,11 +510,12 @@ class RemovedOut(Out):
 
 
 def _check_pattern(value: str | None) -> str | None:
+    # Compiled by the engine that will match it (RE2), so what is saved can be matched.
     if value:
         try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from None
+            compile_pattern(value)
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
     return value or None
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from core.handoff import Handoff
+from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
 from core.knowledge.library import SourceLibrary
 from core.ports import Cache, Embedder
@@ -55,7 +56,7 @@ class AdminServices:
         return cls(
             auth=StaffAuth(settings, staff, StaffSessions(pool), cache),
             # No remembered agents: staff must see a change the moment they made it.
-            agents=Agents(pool),
+            agents=Agents(pool, keyring=Keyring.from_settings(settings)),
             staff=staff,
             transcripts=Transcripts(pool),
             gaps=ContentGaps(pool),

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from core.errors import InvalidInput
+from core.keyring import Keyring
 from core.llm.limits import (
     CONCURRENCY_SETTING,
     DEFAULT_LLM_CONCURRENCY,
@@ -124,7 +125,7 @@ def _table(rows: dict[str, object]) -> None:
 
 
 async def run(args: argparse.Namespace, runtime: Runtime) -> None:
-    agents = Agents(runtime.database.pool)
+    agents = Agents(runtime.database.pool, keyring=Keyring.from_settings(runtime.settings))
     if args.action == "create":
         agent = await agents.create(
             args.name,

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import TextIO
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from core.errors import InvalidInput
-from core.knowledge.ingest import Ingestor
-from core.knowledge.sources import parse_source
+from core.knowledge.ingest import Ingestor, IngestProgress, IngestReport
+from core.knowledge.sources import SourceSpec, parse_source
 from core.retrieval.embedders import EmbedderIdentity
 from core.store import Agents
-from core.store.knowledge import KnowledgeStore, reembed_agent
+from core.store.knowledge import KnowledgeStore, SourceRecord, reembed_agent
 from gateway.runtime import Runtime
 
 
@@ -45,6 +47,66 @@ def _bar(total: int | None, unit: str) -> tqdm:
     )
 
 
+_PAGES_OF_TOTAL = (
+    "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} pages [{elapsed}<{remaining}{postfix}]"
+)
+_PAGES_SO_FAR = "{desc}: {n_fmt} pages [{elapsed}{postfix}]"
+
+
+class _IngestBar:
+    """An ingest's progress on a terminal: pages done (out of how many, when that is known
+    beforehand), chunks cut from new or changed pages, chunks embedded. It is cleared when
+    the source is done, so that its one-line summary is what stays."""
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self._bar = tqdm(
+            desc=label, file=stream, leave=False, unit="page", bar_format=_PAGES_SO_FAR
+        )
+        self._shown = (0, 0)
+
+    def __call__(self, progress: IngestProgress) -> None:
+        bar = self._bar
+        total = progress.pages_total
+        if total is not None and bar.total is None:
+            bar.bar_format = _PAGES_OF_TOTAL
+        if total is not None:
+            bar.total = max(total, progress.pages)  # a count made beforehand may fall short
+        bar.set_postfix_str(f"{progress.chunks} chunks, {progress.embedded} embedded", False)
+        bar.update(progress.pages - bar.n)
+        if (progress.embedding, progress.embedded) != self._shown:
+            # Embedding is the slow part: show where things stand as each batch starts and
+            # ends, whatever the time since the last redraw.
+            self._shown = (progress.embedding, progress.embedded)
+            bar.refresh()
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _label(spec: SourceSpec) -> str:
+    return spec.location if spec.is_remote else Path(spec.location).name or spec.location
+
+
+def _warn_local_citations(spec: SourceSpec) -> None:
+    print(
+        f"parley: warning: without --base-url, answers cite the pages of {spec.location} by "
+        "their path in it (/en/faq.html for en/faq.html), not by their address on your "
+        "website; to cite the website, run again with --base-url https://www.example.com "
+        "(the address the folder's files are published under)",
+        file=sys.stderr,
+    )
+
+
+def _report_failure(spec: SourceSpec, report: IngestReport) -> None:
+    """The parts that could not be read, then one line on why the source as a whole failed,
+    naming each address once."""
+    for error in report.errors:
+        if error.location != spec.location:
+            print(f"{error.location}: {error.reason}", file=sys.stderr)
+    whole = next((e.reason for e in report.errors if e.location == spec.location), None)
+    print(f"parley: error: {spec.location}: {whole or 'nothing could be read'}", file=sys.stderr)
+
+
 async def ingest(args: argparse.Namespace, runtime: Runtime) -> int:
     """Ingest each source; unreadable parts are listed, the rest is indexed. Exit 1 on errors."""
     _check_base_url(args.base_url)
@@ -57,16 +119,20 @@ async def ingest(args: argparse.Namespace, runtime: Runtime) -> int:
     )
     status = 0
     for spec in specs:
-        with _bar(None, "page") as bar:
-            report = await ingestor.ingest(
-                agent, spec, base_url=args.base_url, on_page=lambda: bar.update()
-            )
-        for error in report.errors:
-            print(f"{error.location}: {error.reason}", file=sys.stderr)
+        if args.base_url is None and spec.kind in ("directory", "file"):
+            _warn_local_citations(spec)
+        bar = _IngestBar(_label(spec), sys.stderr) if sys.stderr.isatty() else None
+        try:
+            report = await ingestor.ingest(agent, spec, base_url=args.base_url, on_progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
         if report.failed:
-            print(f"parley: error: {spec.location}: {report.failed}", file=sys.stderr)
+            _report_failure(spec, report)
             status = 2
             continue
+        for error in report.errors:
+            print(f"{error.location}: {error.reason}", file=sys.stderr)
         if report.errors:
             status = max(status, 1)
         print(
@@ -78,6 +144,34 @@ async def ingest(args: argparse.Namespace, runtime: Runtime) -> int:
     return status
 
 
+_SOURCE_COLUMNS = ("ID", "KIND", "STATUS", "PAGES", "LAST CRAWL", "LOCATION", "LAST ERROR")
+
+
+def _source_row(source: SourceRecord) -> tuple[str, ...]:
+    crawled = (
+        source.last_crawled_at.isoformat(timespec="seconds") if source.last_crawled_at else "-"
+    )
+    # The error names the source's own address first; the row already does, once.
+    error = " ".join((source.last_error or "").split())
+    error = error.removeprefix(f"{source.location}: ")
+    return (
+        str(source.id),
+        source.kind,
+        source.status,
+        str(source.pages),
+        crawled,
+        source.location,
+        error,
+    )
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]).rstrip())
+
+
 async def sources(args: argparse.Namespace, runtime: Runtime) -> int:
     agent = await Agents(runtime.database.pool).get(args.agent)
     store = KnowledgeStore(runtime.database.pool)
@@ -85,15 +179,11 @@ async def sources(args: argparse.Namespace, runtime: Runtime) -> int:
         removed = await store.remove_source(agent.id, args.id)
         print(f"removed source {args.id} and its {removed} pages")
         return 0
-    for source in await store.list_sources(agent.id):
-        crawled = (
-            source.last_crawled_at.isoformat(timespec="seconds") if source.last_crawled_at else "-"
-        )
-        error = f"\t{source.last_error}" if source.last_error else ""
-        print(
-            f"{source.id}\t{source.kind}\t{source.status}\t{source.pages} pages\t{crawled}\t"
-            f"{source.location}{error}"
-        )
+    listed = await store.list_sources(agent.id)
+    if not listed:
+        print(f"agent {agent.slug} has no sources; add one with `parley ingest`")
+        return 0
+    _print_table([_SOURCE_COLUMNS, *(_source_row(source) for source in listed)])
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`parley serve [--demo]`: bind the port first, prepare the demo if asked, run until SIGTERM."""
+"""`parley serve [--demo] [--host H] [--port P]`: bind the port first, prepare the demo if
+asked, run until SIGTERM."""
 
 from __future__ import annotations
 
@@ -40,10 +41,31 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="serve the bundled sample shop at / with the chat bubble (agent 'demo')",
     )
     serve.add_argument(
+        "--host",
+        metavar="HOST",
+        help="address to listen on (default PARLEY_HOST, 127.0.0.1; 0.0.0.0: every interface)",
+    )
+    serve.add_argument(
+        "--port",
+        type=_port,
+        metavar="PORT",
+        help="port to listen on (default PARLEY_PORT, 8080)",
+    )
+    serve.add_argument(
         "--no-workers",
         action="store_true",
         help="HTTP only: WhatsApp / Telegram answers and scheduled jobs run in `parley worker`",
     )
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number (1-65535)")
+    return port
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -53,7 +75,7 @@ def _listen(host: str, port: int) -> socket.socket:
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror:
-        raise ConfigError(f"cannot resolve PARLEY_HOST {host!r}") from None
+        raise ConfigError(f"cannot resolve the host {host!r} (--host or PARLEY_HOST)") from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -63,8 +85,8 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise ConfigError(
-                f"port {port} on {host} is already in use; "
-                "stop the other process or set PARLEY_PORT"
+                f"port {port} on {host} is already in use; stop the other process "
+                "or choose another port with --port (or PARLEY_PORT)"
             ) from None
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     return sock
@@ -122,6 +144,9 @@ def _demo_console(settings: Settings) -> Settings:
 
 
 def serve(args: argparse.Namespace, settings: Settings) -> None:
+    # The flags win over the environment for this run only; both are checked already.
+    given = {"host": args.host, "port": args.port}
+    settings = settings.model_copy(update={k: v for k, v in given.items() if v is not None})
     sock = _listen(settings.host, settings.port)
     demo = asyncio.run(prepare_demo(settings)) if args.demo else None
     if demo is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
-CHROMIUM = Path("/usr/bin/chromium")
+# Debian's Chromium; PARLEY_TEST_CHROMIUM names another build (a missing path stands for a
+# machine without one).
+CHROMIUM = Path(os.environ.get("PARLEY_TEST_CHROMIUM") or "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
@@ -18,7 +21,7 @@ async def chromium() -> AsyncIterator[Browser]:
     """Debian's Chromium (Playwright's own builds are never downloaded)."""
     if not CHROMIUM.exists():
         pytest.fail(
-            "the browser tests need Debian's Chromium at /usr/bin/chromium: "
+            f"the browser tests need Debian's Chromium at {CHROMIUM}: "
             "apt-get install chromium (.ci/run installs it)"
         )
     async with async_playwright() as p:

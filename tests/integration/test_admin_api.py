@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from httpx_sse import aconnect_sse
+from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from channels.credentials import telegram_credentials, twilio_credentials
@@ -880,3 +882,270 @@ async def test_the_openapi_document_describes_every_admin_route(admin: Admin) ->
     assert patch["security"] == [{"adminToken": []}, {"staffSession": []}]
     play = document["paths"]["/api/v1/admin/agents/{agent}/playground"]["post"]
     assert "text/event-stream" in play["responses"]["200"]["content"]
+
+
+# -- what Schemathesis found: ids, cursors, types, NUL, events (none may be a 500) ----------
+
+BEYOND_BIGINT = "99999999999999999999"  # no bigint column holds it; asyncpg cannot send it
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", f"/conversations/{BEYOND_BIGINT}"),
+        ("GET", "/conversations/9223372036854775808"),
+        ("GET", "/conversations/0"),
+        ("POST", f"/conversations/{BEYOND_BIGINT}/takeover"),
+        ("POST", f"/conversations/{BEYOND_BIGINT}/handback"),
+        ("GET", f"/agents/shop/sources/{BEYOND_BIGINT}"),
+        ("POST", f"/agents/shop/sources/{BEYOND_BIGINT}/reindex"),
+        ("DELETE", f"/agents/shop/sources/{BEYOND_BIGINT}"),
+        ("GET", f"/agents/shop/curated/{BEYOND_BIGINT}"),
+        ("DELETE", f"/agents/shop/curated/{BEYOND_BIGINT}"),
+        ("DELETE", f"/agents/shop/checks/{BEYOND_BIGINT}"),
+        ("GET", f"/conversations/{'9' * 5000}"),
+    ],
+)
+async def test_an_id_beyond_64_bits_is_not_found(admin: Admin, method: str, path: str) -> None:
+    status, body = await admin.call(method, path)
+    assert status == 404, body
+    _error(body)
+
+
+async def test_ids_beyond_64_bits_in_bodies_are_refused(admin: Admin) -> None:
+    status, body = await admin.post(f"/conversations/{BEYOND_BIGINT}/messages", {"text": "Hi"})
+    assert status == 404, body
+    status, body = await admin.patch(f"/agents/shop/curated/{BEYOND_BIGINT}", {"answer": "x"})
+    assert status == 404, body
+    status, body = await admin.post("/agents/shop/gaps/resolve", {"gap_ids": [int(BEYOND_BIGINT)]})
+    assert status == 400, body
+    assert _error(body).startswith("gap_ids.0")
+    status, body = await admin.post("/inbox/retry", {"ids": [2**63]})
+    assert status == 400, body
+    assert _error(body).startswith("ids.0")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/admin/conversations/{BEYOND_BIGINT}",
+        f"/admin/agents/shop/curated/{BEYOND_BIGINT}",
+        "/admin/agents/%00/sources",
+    ],
+)
+async def test_console_pages_with_ids_beyond_64_bits_are_not_found(admin: Admin, path: str) -> None:
+    response = await admin.client.get(path)
+    assert response.status == 404, await response.text()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/admin/conversations/{BEYOND_BIGINT}/take-over",
+        f"/admin/conversations/{BEYOND_BIGINT}/reply",
+        f"/admin/agents/shop/sources/{BEYOND_BIGINT}/reindex",
+        f"/admin/agents/shop/sources/{BEYOND_BIGINT}/remove",
+        f"/admin/agents/shop/curated/{BEYOND_BIGINT}",
+        f"/admin/agents/shop/curated/{BEYOND_BIGINT}/delete",
+    ],
+)
+async def test_console_forms_with_ids_beyond_64_bits_are_not_found(admin: Admin, path: str) -> None:
+    response = await admin.client.post(path, data={"text": "Hello", "answer": "x"})
+    assert response.status == 404, await response.text()
+
+
+def _cursor(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        _cursor(f"2024-01-01T00:00:00+00:00|{BEYOND_BIGINT}"),
+        _cursor("2024-01-01T00:00:00+00:00|0"),
+        _cursor("2024-01-01T00:00:00+00:00|-5"),
+        _cursor("0001-01-01T00:00:00+01:00|5"),  # before year 1 in UTC
+        _cursor("9999-12-31T23:00:00-05:00|5"),  # after year 9999 in UTC
+        _cursor("2024-01-01T00:00:00|5"),  # no offset: never one we gave out
+        _cursor("2024-01-01T00:00:00+00:00|" + "9" * 140),
+        "A" * 201,
+    ],
+)
+async def test_a_cursor_we_did_not_give_out_is_400(admin: Admin, cursor: str) -> None:
+    status, body = await admin.get("/conversations", cursor=cursor)
+    assert status == 400, body
+    assert _error(body).startswith("cursor")
+    response = await admin.client.get("/admin/conversations", params={"cursor": cursor})
+    assert response.status == 400, await response.text()
+
+
+@pytest.mark.parametrize("params", [{"from": "0001-01-01"}, {"to": "9999-12-31"}])
+async def test_console_days_at_the_ends_of_the_calendar_are_400(
+    admin: Admin, params: dict[str, str]
+) -> None:
+    await Agents(admin.pool).update("shop", timezone="Europe/Amsterdam")
+    response = await admin.client.get("/admin/conversations", params=params)
+    assert response.status == 400, await response.text()
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"until": "0.5"}, "until"),  # not seconds since 1970
+        ({"since": "1700000000"}, "since"),
+        ({"since": "0001-01-01T00:00:00+01:00"}, "since"),  # before year 1 in UTC
+        ({"until": "9999-12-31T23:59:59-05:00"}, "until"),  # after year 9999 in UTC
+        ({"limit": "0.5"}, "limit"),
+    ],
+)
+async def test_conversation_filters_are_not_coerced(
+    admin: Admin, params: dict[str, Any], named: str
+) -> None:
+    status, body = await admin.get("/conversations", **params)
+    assert status == 400, body
+    assert _error(body).startswith(named)
+
+
+async def test_conversation_filters_take_dates_with_and_without_an_offset(admin: Admin) -> None:
+    conversation = await admin.turn("web", "visitor-cccc", "Hello?")
+    await _at(admin, conversation, "2024-02-01")
+    for since in ("2024-02-01T01:00:00+02:00", "2024-01-31T23:00:00", "2024-02-01"):
+        status, body = await admin.get("/conversations", since=since)
+        assert status == 200, body
+        assert [c["id"] for c in body["items"]] == [conversation], since
+    assert (await admin.get("/conversations", until="2024-02-01T00:00:00+01:00"))[1] == {
+        "items": [], "next_cursor": None,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "named"),
+    [
+        ("/agents/shop/gaps/resolve", {"gap_ids": [False]}, "gap_ids.0"),
+        ("/agents/shop/gaps/resolve", {"gap_ids": ["1"]}, "gap_ids.0"),
+        ("/agents/shop/gaps/resolve", {"gap_ids": [0]}, "gap_ids.0"),
+        ("/inbox/retry", {"ids": [True]}, "ids.0"),
+        ("/agents/shop/curated", {"answer": "x", "keywords": ["hours"], "enabled": 1}, "enabled"),
+        ("/agents/shop/checks", {"question": 7, "must_cite": "/delivery"}, "question"),
+    ],
+)
+async def test_body_types_are_strict(
+    admin: Admin, path: str, body: dict[str, Any], named: str
+) -> None:
+    status, error = await admin.post(path, body)
+    assert status == 400, error
+    assert _error(error).startswith(named)
+
+
+async def test_a_strict_body_still_takes_a_whole_number_for_a_fraction(admin: Admin) -> None:
+    status, agent = await admin.patch("/agents/shop", {"confidence_threshold": 1})
+    assert status == 200, agent
+    assert agent["confidence_threshold"] == 1
+
+
+async def test_a_nul_in_an_answer_check_is_refused_not_a_500(admin: Admin) -> None:
+    for body, named in (
+        ({"question": "When\u0000?", "must_cite": "/delivery"}, "question"),
+        ({"question": "When?", "expected_facts": ["2-3\u0000days"]}, "expected_facts.0"),
+        ({"question": "When?", "must_cite": "/deli\u0000very"}, "must_cite"),
+    ):
+        status, error = await admin.post("/agents/shop/checks", body)
+        assert status == 400, error
+        assert f"{named} contains a NUL character" in _error(error)
+    assert (await admin.get("/agents/shop/checks"))[1] == {"items": []}
+
+
+async def test_a_nul_in_the_address_is_not_found(admin: Admin) -> None:
+    for method, path in (("GET", "/agents/%00"), ("GET", "/agents/sh%00op/curated"),
+                         ("POST", "/agents/%00/checks")):  # fmt: skip
+        status, body = await admin.call(method, path, json={"question": "q", "must_cite": "/x"})
+        assert status == 404, body
+        _error(body)
+
+
+async def test_stream_events_are_documented_as_sent(admin: Admin) -> None:
+    """Each event of the playground's stream is one the document names, and its data (JSON in
+    the data line) matches the schema the document gives for that event."""
+    response = await admin.client.get("/api/v1/openapi.json")
+    document = await response.json()
+    stream = document["paths"]["/api/v1/admin/agents/{agent}/playground"]["post"]["responses"]
+    options = stream["200"]["content"]["text/event-stream"]["schema"]["oneOf"]
+    schemas = {}
+    for option in options:
+        assert option["properties"]["data"]["type"] == "string"
+        assert option["properties"]["data"]["contentMediaType"] == "application/json"
+        schemas[option["properties"]["event"]["const"]] = option["properties"]["data"][
+            "contentSchema"
+        ]
+    assert set(schemas) == {"status", "token", "sources", "done", "error", "diagnostics"}
+    await admin.post("/agents/shop/sources", {"kind": "text", "title": "Delivery",
+                                              "text": "Parcels arrive within 2-3 working days."})  # fmt: skip
+    await _settled(admin, (await admin.get("/agents/shop/sources"))[1]["items"][0]["id"])
+
+    events = await _playground(admin, message="How long does delivery take?")
+    assert {kind for kind, _ in events} >= {"status", "token", "sources", "done", "diagnostics"}
+    for kind, data in events:
+        schema = {**schemas[kind], "components": document["components"]}
+        Draft202012Validator(schema).validate(data)
+    chat = document["paths"]["/api/v1/agents/{agent}/chat"]["post"]["responses"]
+    assert "text/event-stream" in chat["429"]["content"]  # the rate limit is an error event
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        "x",
+        {"session": "ab"},
+        {"session": [0, 5]},
+        {"ip": [1]},
+        {"ip": [1, 0.5]},
+        {"session": [True, 5]},
+        {"visitor": [1, 5]},
+    ],
+)
+async def test_malformed_rate_limits_are_refused_not_a_500_at_every_chat(
+    admin: Admin, limits: Any
+) -> None:
+    await _malformed_setting_is_refused(admin, {"rate_limits": limits})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"answer_threshold": "high"},
+        {"answer_threshold": 2},
+        {"max_words": "many"},
+        {"max_words": 0},
+        {"max_words": True},
+    ],
+)
+async def test_malformed_answer_settings_are_refused_not_a_500_at_every_chat(
+    admin: Admin, settings: dict[str, Any]
+) -> None:
+    await _malformed_setting_is_refused(admin, settings)
+
+
+async def _malformed_setting_is_refused(admin: Admin, settings: dict[str, Any]) -> None:
+    status, body = await admin.patch("/agents/shop", {"settings": settings})
+    assert status == 400, body
+    assert _error(body).startswith("settings")
+    agent = (await admin.get("/agents/shop"))[1]
+    assert not set(settings) & set(agent["settings"])
+    response = await admin.client.post(
+        "/api/v1/agents/shop/chat",
+        json={"message": "Hello", "session_id": "session-0001"},
+        headers={"X-Parley-Key": agent["widget_key"]},
+    )
+    assert response.status == 200, await response.text()
+    await response.read()
+
+
+async def test_answer_settings_are_set_through_the_admin_api(admin: Admin) -> None:
+    settings = {
+        "rate_limits": {"session": [0.5, 3], "ip": [2.0, 40]},
+        "answer_threshold": 0.5,
+        "max_words": 80,
+    }
+    status, agent = await admin.patch("/agents/shop", {"settings": settings})
+    assert status == 200, agent
+    assert agent["settings"] == settings

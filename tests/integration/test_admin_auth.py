@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -315,25 +318,143 @@ async def test_short_passwords_are_refused(start_client: StartClient) -> None:
         await _staff(client).create("ann@shop.example", "short")
 
 
-async def test_failed_sign_ins_are_rate_limited(start_client: StartClient) -> None:
-    client = await start_client(admin_token=TOKEN)
-    await _staff(client).create("ann@shop.example", PASSWORD)
-    statuses = []
-    for attempt in range(11):
-        response = await client.post(
-            f"{ADMIN}/sign-in", json={"email": "ann@shop.example", "password": f"guess-{attempt}"}
-        )
-        statuses.append(response.status)
-    assert statuses == [401] * 10 + [429]
-    # Now even the right password waits, and so does the admin token from this address.
-    right = await client.post(
-        f"{ADMIN}/sign-in", json={"email": "ann@shop.example", "password": PASSWORD}
+# The test client connects from 127.0.0.1: as a trusted proxy, it says which address each
+# request comes from.
+PROXY = {"trusted_proxies": ["127.0.0.1/32"]}
+
+
+async def _password(
+    client: Client, password: str, address: str, email: str = "ann@shop.example"
+) -> Any:
+    return await client.post(
+        f"{ADMIN}/sign-in",
+        json={"email": email, "password": password},
+        headers={"X-Forwarded-For": address},
     )
+
+
+async def test_failed_sign_ins_back_off_per_account_and_address(start_client: StartClient) -> None:
+    client = await start_client(admin_token=TOKEN, **PROXY)
+    await _staff(client).create("ann@shop.example", PASSWORD)
+    guesses = [(await _password(client, f"guess-{n}", "203.0.113.9")).status for n in range(6)]
+    assert guesses == [401] * 5 + [429]
+    # From that address even the right password waits for its turn...
+    right = await _password(client, PASSWORD, "203.0.113.9")
     assert right.status == 429
-    assert int(right.headers["Retry-After"]) >= 1
+    assert right.headers["Retry-After"] == "1"
     assert (await right.json())["error"]["code"] == "rate_limited"
-    token = await client.post(f"{ADMIN}/sign-in", json={"token": TOKEN})
-    assert token.status == 429
+    # ...but the owner elsewhere is not kept out, nor is the admin token from that address.
+    assert (await _password(client, PASSWORD, "198.51.100.7")).status == 200
+    token = await client.post(
+        f"{ADMIN}/sign-in", json={"token": TOKEN}, headers={"X-Forwarded-For": "203.0.113.9"}
+    )
+    assert token.status == 200
+
+    # Each wait is twice the one before: the right password gets its turn 2 s after the
+    # sixth wrong one (tries refused meanwhile do not count).
+    await asyncio.sleep(1.1)
+    sixth = time.monotonic()
+    assert (await _password(client, "guess-6", "203.0.113.9")).status == 401
+    while (answer := await _password(client, PASSWORD, "203.0.113.9")).status == 429:
+        assert answer.headers["Retry-After"] in ("1", "2")
+        await asyncio.sleep(0.2)
+    assert answer.status == 200
+    assert time.monotonic() - sixth >= 2.0
+    # The right password cleared the back-off: five tries again.
+    again = [(await _password(client, f"again-{n}", "203.0.113.9")).status for n in range(6)]
+    assert again == [401] * 5 + [429]
+
+
+async def test_wrong_passwords_from_many_addresses_do_not_lock_the_owner_out(
+    start_client: StartClient,
+) -> None:
+    client = await start_client(admin_token=TOKEN, **PROXY)
+    await _staff(client).create("ann@shop.example", PASSWORD)
+    for n in range(11):
+        assert (await _password(client, f"guess-{n}", f"203.0.113.{n + 1}")).status == 401
+    assert (await _password(client, PASSWORD, "198.51.100.7")).status == 200
+
+
+async def test_a_client_with_an_ipv6_prefix_is_one_client(start_client: StartClient) -> None:
+    client = await start_client(admin_token=TOKEN, **PROXY)
+    await _staff(client).create("ann@shop.example", PASSWORD)
+    guesses = [(await _password(client, "guess", f"2001:db8:1:2::{n}")).status for n in range(6)]
+    assert guesses == [401] * 5 + [429]
+    assert (await _password(client, PASSWORD, "2001:db8:1:3::1")).status == 200
+
+
+async def test_one_address_failing_at_many_accounts_is_limited(start_client: StartClient) -> None:
+    client = await start_client(admin_token=TOKEN, **PROXY)
+    await _staff(client).create("ann@shop.example", PASSWORD)
+    statuses = [
+        (await _password(client, "guess", "203.0.113.9", f"staff{n}@shop.example")).status
+        for n in range(21)
+    ]
+    assert statuses == [401] * 20 + [429]
+    assert (await _password(client, PASSWORD, "203.0.113.9")).status == 429
+    assert (await _password(client, PASSWORD, "198.51.100.7")).status == 200
+
+
+async def test_wrong_token_guesses_never_keep_the_right_token_out(
+    start_client: StartClient,
+) -> None:
+    client = await start_client(admin_token=TOKEN)
+    wrong = {"Authorization": "Bearer not-the-token"}
+    statuses = [(await client.get(f"{ADMIN}/agents", headers=wrong)).status for _ in range(12)]
+    assert statuses == [401] * 5 + [429] * 7
+    right = await client.get(f"{ADMIN}/agents", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert right.status == 200
+    assert (await client.post(f"{ADMIN}/sign-in", json={"token": TOKEN})).status == 200
+    # Guessing still gets nowhere, and each right token still gets in.
+    assert (await client.post(f"{ADMIN}/sign-in", json={"token": "not-it"})).status == 429
+    for _ in range(3):
+        again = await client.get(f"{ADMIN}/agents", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert again.status == 200
+
+
+async def test_sign_in_must_be_sent_as_json(start_client: StartClient) -> None:
+    client = await start_client(admin_token=TOKEN)
+    body = json.dumps({"token": TOKEN})
+    for content_type in (
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ):
+        response = await client.post(
+            f"{ADMIN}/sign-in", data=body, headers={"Content-Type": content_type}
+        )
+        assert response.status == 415, content_type
+        assert (await response.json())["error"]["code"] == "unsupported_media_type"
+        assert "Set-Cookie" not in response.headers
+    sent_as_json = await client.post(
+        f"{ADMIN}/sign-in", data=body, headers={"Content-Type": "application/json; charset=utf-8"}
+    )
+    assert sent_as_json.status == 200
+
+
+async def test_a_sign_in_from_another_site_sets_no_cookie(start_client: StartClient) -> None:
+    client = await start_client(admin_token=TOKEN, public_url="https://parley.shop.example")
+    own = str(client.make_url("/")).rstrip("/")
+    for headers in (
+        {"Origin": "https://evil.example"},
+        {"Origin": "https://parley.shop.example.evil.example"},
+        {"Origin": "null"},
+        {"Referer": "https://evil.example/page.html"},
+    ):
+        refused = await client.post(f"{ADMIN}/sign-in", json={"token": TOKEN}, headers=headers)
+        assert refused.status == 403, headers
+        assert (await refused.json())["error"]["code"] == "csrf_failed"
+        assert "Set-Cookie" not in refused.headers
+    # The gateway's own pages (its address, or its public URL), and scripts, which name none.
+    for headers in (
+        {"Origin": own},
+        {"Origin": "https://parley.shop.example"},
+        {"Referer": own + "/admin/sign-in"},
+        {},
+    ):
+        accepted = await client.post(f"{ADMIN}/sign-in", json={"token": TOKEN}, headers=headers)
+        assert accepted.status == 200, headers
+        assert "parley_admin" in _set_cookie(accepted)
 
 
 async def test_successful_sign_ins_do_not_use_up_the_limit(start_client: StartClient) -> None:

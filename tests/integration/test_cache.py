@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,13 +14,14 @@ from hypothesis import strategies as st
 from core.cache import FallbackCache, LocalCache, RedisCache
 from core.errors import CacheUnavailable
 from core.ports import Cache
+from tests.support.redis_keys import key_prefix
 from tests.support.services import RedisServer
 
 
 def _redis_cache(url: str) -> RedisCache:
     # A prefix of its own keeps this test's keys apart from everything else on the server.
     client = aioredis.Redis.from_url(url, decode_responses=True)
-    return RedisCache(client, prefix=f"test:{uuid.uuid4().hex}:")
+    return RedisCache(client, prefix=key_prefix())
 
 
 @pytest.fixture(params=["local", "redis", "fallback"])

@@ -11,11 +11,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import psutil
+from aiohttp.test_utils import TestServer
 
 from core.store.embedded import USERS_FILE
 from core.store.migrate import bundled_migrations
+from tests.fakes.openai import FakeOpenAI
 from tests.support.cli import PARLEY, clean_env, run_parley, wait_until_up
 from tests.support.services import free_port
 
@@ -240,6 +243,77 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path, database_url: str) -> 
             "serve", cwd=tmp_path, PARLEY_PORT=str(port), PARLEY_DATABASE_URL=database_url
         )
     assert f"port {port} on 127.0.0.1 is already in use" in _one_line_error(result)
+
+
+def test_serve_takes_the_port_from_the_command_line_checked(tmp_path: Path) -> None:
+    result = run_parley("serve", "--port", "70000", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "argument --port: '70000' is not a port number (1-65535)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def _until_up(url: str, process: asyncio.subprocess.Process, timeout: float = 240) -> None:
+    """Poll ``url`` without blocking this event loop (a fake server runs on it)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        while asyncio.get_running_loop().time() < deadline:
+            if process.returncode is not None:
+                raise AssertionError(f"parley exited early with status {process.returncode}")
+            try:
+                async with http.get(url) as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+async def test_the_demo_starts_without_warnings_on_the_port_given_with_a_favicon(
+    tmp_path: Path, database_url: str
+) -> None:
+    # Embeddings from a local fake, so that ingesting the sample shop takes seconds.
+    embeddings = TestServer(FakeOpenAI(dimension=48).app())
+    await embeddings.start_server()
+    port = free_port()
+    log_path = tmp_path / "demo.log"
+    env = clean_env(
+        PARLEY_DATABASE_URL=database_url,
+        PARLEY_PORT=str(free_port()),  # the flag wins over the setting
+        PARLEY_EMBED_PROVIDER="openai",
+        PARLEY_EMBED_MODEL="tiny-embedder",
+        PARLEY_EMBED_BASE_URL=str(embeddings.make_url("/v1")),
+    )
+    command = ("serve", "--demo", "--host", "127.0.0.1", "--port", str(port))
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            PARLEY, *command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        await _until_up(f"http://127.0.0.1:{port}/healthz", process)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/favicon.ico") as icon:
+                assert icon.status == 200
+                assert icon.content_type == "image/x-icon"
+                assert (await icon.read()).startswith(b"\x00\x00\x01\x00")  # an ICO file
+            async with http.get(f"http://127.0.0.1:{port}/en/shipping.html") as page:
+                assert page.status == 200
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await embeddings.close()
+    output = log_path.read_text()
+    assert "demo.ready pages_added=" in output
+    assert f"gateway.started host=127.0.0.1 port={port}" in output
+    assert f"Staff console: http://127.0.0.1:{port}/admin" in output
+    # A normal start has nothing to warn about: every page's canonical is itself.
+    assert [line for line in output.splitlines() if " WARNING " in line] == []
+    assert "Warning" not in output
+    assert "Traceback" not in output
+    assert "canonical.refused" not in output
 
 
 def test_worker_runs_until_sigterm(tmp_path: Path, database_url: str) -> None:

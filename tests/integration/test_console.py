@@ -15,6 +15,7 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from core.keyring import Keyring
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database
@@ -23,7 +24,7 @@ from core.store.staff import StaffAccounts
 from gateway.admin.console import conversations as conversation_pages
 from gateway.app import create_app
 from gateway.keys import ADMIN
-from tests.conftest import MakeSettings
+from tests.conftest import SECRETS_KEY, MakeSettings
 from tests.support.console import (
     BOT_TOKEN,
     PASSWORD,
@@ -86,6 +87,11 @@ async def sign_in(client: Client, **fields: str) -> ClientResponse:
     return await client.post(
         "/admin/sign-in", data={"form_token": token, **fields}, allow_redirects=False
     )
+
+
+def opened(sealed: Any) -> str:
+    """A channel secret as stored (sealed), opened with the tests' key."""
+    return Keyring(SECRETS_KEY).open(sealed, what="a stored secret").get_secret_value()
 
 
 def set_cookies(response: ClientResponse) -> SimpleCookie:
@@ -663,7 +669,7 @@ async def test_saving_the_agent_settings(console: Console) -> None:
     assert settings["business_hours"]["wed"] == "closed"
     assert settings["handoff_text"] == {"nl": "Een collega komt eraan."}
     assert settings["out_of_hours_text"] == "We are closed; we will reply tomorrow."
-    assert settings["twilio"]["auth_token"] == TWILIO_TOKEN  # untouched by this form
+    assert opened(settings["twilio"]["auth_token"]) == TWILIO_TOKEN  # untouched by this form
     html = await console.page(f"{shop}/settings?done=settings-saved")
     assert "Settings saved." in html
     assert 'value="40"' in html
@@ -703,13 +709,17 @@ async def test_channel_credentials_are_write_only(console: Console) -> None:
         },
     )
     settings = await pool.fetchval("SELECT settings FROM agents WHERE slug = 'shop'")
-    assert settings["twilio"] == {
+    assert {**settings["twilio"], "auth_token": opened(settings["twilio"]["auth_token"])} == {
         "account_sid": TWILIO_SID,
         "auth_token": TWILIO_TOKEN,  # empty: kept
         "whatsapp_from": "whatsapp:+3197010000001",
     }
-    assert settings["telegram"] == {"bot_token": BOT_TOKEN, "webhook_secret": "rotated_secret"}
-    assert WEBHOOK_SECRET not in str(settings)
+    assert {name: opened(value) for name, value in settings["telegram"].items()} == {
+        "bot_token": BOT_TOKEN,
+        "webhook_secret": "rotated_secret",
+    }
+    for secret in (WEBHOOK_SECRET, "rotated_secret", BOT_TOKEN, TWILIO_TOKEN):
+        assert secret not in str(settings)  # stored encrypted only
 
     await console.submit(f"{shop}/settings/channels", {"telegram_remove": "on"})
     settings = await pool.fetchval("SELECT settings FROM agents WHERE slug = 'shop'")

@@ -169,3 +169,21 @@ def test_with_database_swaps_only_the_name() -> None:
         == "postgresql://u:p@h:5/b?sslmode=off"
     )
     assert Path("x").name == "x"
+
+
+async def test_the_language_models_are_read_at_start_not_by_the_first_turn(
+    aiohttp_client: MakeClient, settings: Settings
+) -> None:
+    # Reading them takes a second or two and blocks: in a turn it would stall every chat.
+    from core.answer import question
+    from core.knowledge import locale
+
+    question._model.cache_clear()
+    question._identifier.cache_clear()
+    locale._identifier = None
+    await aiohttp_client(create_app(settings))
+    assert question._model.cache_info().currsize == 1
+    assert locale._identifier is not None
+    # A short message's language among a few candidates is a copy of the model read once.
+    assert question.guess_language("Was kostet die Jacke?") == "de"
+    assert question._model.cache_info().misses == 1

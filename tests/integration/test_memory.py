@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import re
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,6 +46,7 @@ from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
+from tests.support.redis_keys import key_prefix
 from tests.support.sse import chat
 
 MODEL = "gpt-test"
@@ -132,7 +132,7 @@ async def any_cache(request: pytest.FixtureRequest) -> AsyncIterator[CacheUnderT
     if request.param == "local":
         yield CacheUnderTest(LocalCache(), None)
         return
-    prefix = f"test:{uuid.uuid4().hex}:"
+    prefix = key_prefix()
     redis_url: str = request.getfixturevalue("redis_url")
     cache = RedisCache(aioredis.Redis.from_url(redis_url, decode_responses=True), prefix)
     yield CacheUnderTest(cache, prefix)

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from pytest_aiohttp import AiohttpServer
 
+from core.keyring import Keyring
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.inbox import Inbox, InboxRow
+from tests.conftest import SECRETS_KEY
 from tests.fakes.telegram import FakeTelegram
 from tests.integration.test_telegram_webhook import GROUP, start_command, text, update
 from tests.support.cli import PARLEY, clean_env
@@ -54,10 +56,11 @@ async def setup(
 ) -> Setup:
     fake = FakeTelegram()
     server = await aiohttp_server(fake.app())
-    agents = Agents(database.pool)
+    agents = Agents(database.pool, keyring=Keyring(SECRETS_KEY))
     agent = await agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
     env = {
         "PARLEY_DATABASE_URL": database_url,
+        "PARLEY_SECRETS_KEY": SECRETS_KEY,
         "PARLEY_TELEGRAM_API_BASE": str(server.make_url("")).rstrip("/"),
         "PARLEY_PUBLIC_URL": PUBLIC_URL,
         "TELEGRAM_BOT_TOKEN": fake.token,

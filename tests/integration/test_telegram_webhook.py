@@ -12,11 +12,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from core.keyring import Keyring
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.inbox import Inbox
 from gateway.app import create_app
-from tests.conftest import MakeSettings
+from tests.conftest import SECRETS_KEY, MakeSettings
 
 SECRET = "env-Secret_token-0123456789"
 AGENT_SECRET = "agent-secret-9876543210"
@@ -101,7 +102,7 @@ async def start(
 ) -> AsyncIterator[StartGateway]:
     """Starts the app built by create_app, with settings overridden; agent 'shop' exists."""
     servers: list[TestServer] = []
-    agents = Agents(database.pool)
+    agents = Agents(database.pool, keyring=Keyring(SECRETS_KEY))
     agent = await agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
 
     async def start_gateway(**overrides: Any) -> Gateway:

@@ -15,11 +15,12 @@ from multidict import MultiDict, MultiDictProxy
 from twilio.request_validator import RequestValidator
 
 from channels.twilio import EMPTY_TWIML, signed_url
+from core.keyring import Keyring
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.inbox import Inbox
 from gateway.app import create_app
-from tests.conftest import MakeSettings
+from tests.conftest import SECRETS_KEY, MakeSettings
 
 ENV_TOKEN = "env-auth-token-0123456789abcdef"
 AGENT_TOKEN = "agent-auth-token-fedcba9876543210"
@@ -93,7 +94,7 @@ async def start(
 ) -> AsyncIterator[StartGateway]:
     """Starts the app built by create_app, with settings overridden; agent 'shop' exists."""
     servers: list[TestServer] = []
-    agents = Agents(database.pool)
+    agents = Agents(database.pool, keyring=Keyring(SECRETS_KEY))
     agent = await agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
 
     async def start_gateway(**overrides: Any) -> Gateway:

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 from twilio.request_validator import RequestValidator
 
 from core.jobs.outbox_sender import OutboxSender
+from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
@@ -20,7 +21,7 @@ from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
 from gateway.app import create_app
 from gateway.durable import AgentSenders
-from tests.conftest import MakeSettings
+from tests.conftest import SECRETS_KEY, MakeSettings
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
 
@@ -156,7 +157,7 @@ async def test_each_agent_sends_with_its_own_twilio_account(
     fake = FakeTwilio()
     twilio = TestServer(fake.app())
     await twilio.start_server()
-    agents = Agents(database.pool)
+    agents = Agents(database.pool, keyring=Keyring(SECRETS_KEY))
     identity = EmbedderIdentity.of(use_embedder)
     own = await agents.create("own", embedder=identity)  # the fake's account, in the database
     await agents.update(

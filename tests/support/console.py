@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from core.answer.factory import build_pipeline
+from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.ports import Cache, Embedder
@@ -77,7 +78,7 @@ async def seed(
     settings: Settings, database: Database, cache: Cache, embedder: Embedder, tmp_path: Path
 ) -> Seeded:
     pool = database.pool
-    agents = Agents(pool)
+    agents = Agents(pool, keyring=Keyring.from_settings(settings))
     identity = EmbedderIdentity.of(embedder)
     await agents.create(
         "shop", embedder=identity, name="Noordkaap Shop", timezone="Europe/Amsterdam"

@@ -145,6 +145,33 @@ def test_canonical_only_on_the_same_host(href: str, expected: str) -> None:
     assert extract_page(html, "https://shop.example/p?id=7").url == expected
 
 
+@pytest.mark.parametrize(
+    ("href", "expected"),
+    [
+        ("/nl/retourneren.html", "/nl/retourneren.html"),  # itself, as most pages say
+        ("retourneren.html#top", "/nl/retourneren.html"),
+        ("/nl/retour.html", "/nl/retour.html"),
+    ],
+)
+def test_a_local_file_follows_its_canonical_path_quietly(
+    href: str, expected: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Files of a local folder are cited by their path: their canonical path is on their site.
+    html = page(LONG_DUTCH, head=f'<link rel="canonical" href="{href}">')
+    with caplog.at_level("INFO", logger="core.knowledge.extract"):
+        assert extract_page(html, "/nl/retourneren.html").url == expected
+    assert "extract.canonical.refused" not in caplog.text
+
+
+def test_a_local_file_keeps_its_path_against_a_canonical_on_some_host(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    html = page(LONG_DUTCH, head='<link rel="canonical" href="https://other.example/x">')
+    with caplog.at_level("INFO", logger="core.knowledge.extract"):
+        assert extract_page(html, "/nl/retourneren.html").url == "/nl/retourneren.html"
+    assert "extract.canonical.refused" in caplog.text
+
+
 PRODUCT = {
     "@type": "Product",
     "name": "Trail Runner 2",
@@ -287,3 +314,7 @@ def test_url_helpers() -> None:
     assert not same_host("http://127.0.0.1:8080/", "http://127.0.0.1:8081/")
     assert not same_host("https://shop.example/", "https://evil.example/")
     assert not same_host("mailto:info@shop.example", "https://shop.example/")
+    assert same_host("/en/shipping.html", "/en/shipping.html")  # a local folder's pages
+    assert same_host("/en/shipping.html", "/nl/verzending.html?x=1")
+    assert not same_host("/en/shipping.html", "https://shop.example/en/shipping.html")
+    assert not same_host("/en/shipping.html", "//evil.example/en/shipping.html")

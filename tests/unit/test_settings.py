@@ -81,7 +81,7 @@ def test_dotenv_file_is_read(tmp_path: Path) -> None:
 
 def test_secrets_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARLEY_DATABASE_URL", "postgresql://u:hunter2@db/parley")
-    monkeypatch.setenv("PARLEY_ADMIN_TOKEN", "admin-hunter2")
+    monkeypatch.setenv("PARLEY_ADMIN_TOKEN", "admin-hunter2-0123456789abcdefghijk")
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:hunter2")
     text = repr(load_settings()) + str(load_settings())
     assert "hunter2" not in text
@@ -100,6 +100,8 @@ def test_secrets_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PARLEY_REWRITE_TIMEOUT_MS", "5", "greater than or equal to 50"),
         ("PARLEY_INBOX_RETRY_HOURS", "30", "less than or equal to 20"),
         ("PARLEY_HOLDING_MESSAGE_SECONDS", "-1", "greater than or equal to 0"),
+        ("PARLEY_ADMIN_TOKEN", "admin-hunter2", "at least 32 characters"),
+        ("PARLEY_METRICS_TOKEN", "x" * 31, "at least 32 characters"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_variable(
@@ -112,6 +114,24 @@ def test_a_bad_value_is_one_line_naming_the_variable(
     assert message.startswith(f"invalid setting {variable}: ")
     assert complaint in message
     assert "\n" not in message
+
+
+def test_tokens_are_32_characters_or_more_and_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PARLEY_ADMIN_TOKEN", "hunter2-is-too-short")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert caught.value.message.startswith("invalid setting PARLEY_ADMIN_TOKEN: must be at least")
+    assert "hunter2" not in caught.value.message
+    monkeypatch.setenv("PARLEY_ADMIN_TOKEN", "h" * 32)
+    monkeypatch.setenv("PARLEY_METRICS_TOKEN", "m" * 32)
+    settings = load_settings()
+    assert settings.admin_token is not None
+    assert settings.admin_token.get_secret_value() == "h" * 32
+    assert settings.metrics_token is not None
+    assert settings.metrics_token.get_secret_value() == "m" * 32
+    assert load_settings(admin_token=None, metrics_token=None).admin_token is None
 
 
 def test_several_bad_values_are_all_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ from core.errors import InvalidInput, ParleyError
 from core.store.agents import Agent
 from core.store.handoff import REACHABLE, SENT_CHANNELS
 from core.store.transcripts import ConversationFilter, TurnTrace
-from gateway.admin.api import Call, hand_back, staff_reply, take_over
+from gateway.admin.api import Call, hand_back, path_id, staff_reply, take_over
 from gateway.admin.console.render import (
     CHANNEL_NAMES,
     admin,
@@ -30,6 +30,7 @@ from gateway.admin.schemas import StaffMessageBody
 from gateway.middlewares import status_for
 
 PAGE_SIZE = 25
+FIRST_DAY, LAST_DAY = date(1, 1, 2), date(9999, 12, 30)
 LIST = "/admin/conversations"
 # Those staff read; trying an agent out and the nightly checks make conversations too.
 LISTED_CHANNELS = ("web", "whatsapp", "telegram", "api", "playground", "test")
@@ -39,9 +40,13 @@ def _day(value: str, name: str) -> date | None:
     if not value:
         return None
     try:
-        return date.fromisoformat(value)
+        day = date.fromisoformat(value)
     except ValueError:
         raise InvalidInput(f"{name}: {value!r} is not a date such as 2024-05-31") from None
+    # A day at the very ends of the calendar has no start (or next day) in every time zone.
+    if not FIRST_DAY <= day <= LAST_DAY:
+        raise InvalidInput(f"{name}: give a day from {FIRST_DAY} to {LAST_DAY}")
+    return day
 
 
 def _filter_zone(agents: list[Agent], chosen: Agent | None) -> str:
@@ -106,7 +111,7 @@ async def conversation_list(request: web.Request) -> web.StreamResponse:
 
 
 def _conversation_id(request: web.Request) -> int:
-    return int(request.match_info["id"])
+    return path_id(request)
 
 
 async def _conversation_page(

@@ -17,6 +17,7 @@ from gateway.admin.console.render import (
     text,
 )
 from gateway.admin.guard import SIGN_IN_PAGE, after_sign_in
+from gateway.client_address import client_address
 from gateway.middlewares import status_for
 
 # Nobody is signed in yet when the sign-in form is posted, so it carries a token of its own,
@@ -87,7 +88,7 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
     email = text(data, "email")
     try:
         signed_in = await admin(request).auth.sign_in(
-            remote=request.remote or "unknown",
+            address=client_address(request),
             token=None if by_password else text(data, "token"),
             email=email if by_password else None,
             password=str(data.get("password", "")) if by_password else None,

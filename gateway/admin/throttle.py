@@ -1,0 +1,101 @@
+"""Guessing staff credentials, slowed down: back-off per account and address, a budget per address.
+
+What is slowed is failing, never the owner of an account:
+
+- each (account, address) pair gets ``FREE_FAILURES`` tries in a row; after that each further
+  try waits, 1 s after the fifth failure and twice as long after each next one, up to
+  ``LONGEST_WAIT``. Nobody else's failures, from other addresses, make an owner wait, so an
+  account cannot be locked by guessing at it;
+- each address may fail ``ADDRESS_LIMIT`` (a token bucket) across all accounts, against one
+  address trying a few passwords on each of many accounts;
+- a success clears its pair's failures and gives its try back to the address.
+
+A try is counted before the credentials are checked (and uncounted when it succeeds), so
+that requests sent all at once cannot each find the count below the limit. The state lives
+in the cache: counters and token buckets only, which stay in the process (with the same
+semantics) while Redis is down.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from core.errors import RateLimited
+from core.ports import Cache
+from gateway.client_address import subscriber
+
+log = logging.getLogger(__name__)
+
+FREE_FAILURES = 5
+FIRST_WAIT = 1.0  # seconds, after the FREE_FAILURES-th failure in a row
+LONGEST_WAIT = 15 * 60.0
+FORGET_AFTER = 24 * 3600.0  # a pair's failures are forgotten this long after the first
+# Failures from one address, whatever the account: (tokens a second, burst).
+ADDRESS_LIMIT = (1 / 30, 20.0)
+
+
+def wait_before(attempt: int) -> float:
+    """Seconds the ``attempt``-th try in a row must wait after the one before it."""
+    over = attempt - FREE_FAILURES - 1
+    return 0.0 if over < 0 else min(LONGEST_WAIT, FIRST_WAIT * 2.0 ** min(over, 32))
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One admitted try at signing in, counted as failed until `SignInThrottle.succeeded`."""
+
+    account: str
+    address: str
+    number: int  # its place in the pair's tries since the last success
+
+
+class SignInThrottle:
+    """Admits tries at a staff account's credentials, or says how long to wait."""
+
+    def __init__(self, cache: Cache) -> None:
+        self._cache = cache
+
+    @staticmethod
+    def _keys(account: str, address: str) -> tuple[str, str, str]:
+        client = subscriber(address)
+        pair = f"admin:sign-in:backoff:{account}:{client}"
+        return pair, pair + ":gate", f"admin:sign-in:address:{client}"
+
+    async def begin(self, account: str, address: str) -> Attempt:
+        """Admit a try at ``account``'s credentials from ``address``, or raise `RateLimited`.
+
+        ``account`` is what is being guessed: a normalised email address, or ``"token"``.
+        """
+        count, gate, budget = self._keys(account, address)
+        rate, burst = ADDRESS_LIMIT
+        spent = await self._cache.take_token(budget, rate=rate, capacity=burst)
+        if not spent.allowed:
+            log.info("admin.sign_in.throttled scope=address address=%s", address)
+            raise RateLimited("too many failed sign-ins; try again later", spent.retry_after)
+        number = await self._cache.incr(count, ttl=FORGET_AFTER)
+        if number >= FREE_FAILURES:
+            wait = wait_before(number)
+            if wait > 0:
+                # Allowed once the wait since the last admitted try has passed.
+                opened = await self._cache.take_token(gate, rate=1 / wait, capacity=1.0)
+                if not opened.allowed:
+                    await self._cache.incr(count, -1)
+                    await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)
+                    log.info("admin.sign_in.throttled scope=account address=%s", address)
+                    raise RateLimited(
+                        "too many failed sign-ins; try again later", opened.retry_after
+                    )
+            # Start the next wait now. The bucket is rated for the next try's wait, so that
+            # it is kept (a bucket expires once it would be full) until that wait is over.
+            await self._cache.take_token(
+                gate, rate=1 / wait_before(number + 1), capacity=1.0, cost=1.0 if wait == 0 else 0
+            )
+        return Attempt(account, address, number)
+
+    async def succeeded(self, attempt: Attempt) -> None:
+        """The credentials were right: the pair starts afresh, the address gets its try back."""
+        count, gate, budget = self._keys(attempt.account, attempt.address)
+        await self._cache.delete(count, gate)
+        rate, burst = ADDRESS_LIMIT
+        await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)
