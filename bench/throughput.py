@@ -15,7 +15,7 @@ answer reached the fake Twilio Messages API in this process (one clock); holding
 ("we'll reply as soon as we can") are counted apart and end no wait.
 
 Two settings in the same run, each in a fresh `parley serve` on the same database: `new` (the
-defaults: 64 turns in flight per process, 4 work slots, a turn waiting on the model holds no
+defaults: 256 turns in flight per process, 4 work slots, a turn waiting on the model holds no
 slot) and `old` (PARLEY_WORKER_CONCURRENCY=8 and PARLEY_WORKER_CPU_SLOTS=8: 8 turns in flight,
 as many as work slots, so 8 turns waiting on the model fill the process, as before turns gave
 their slot back; the rest of the code is the same in both).

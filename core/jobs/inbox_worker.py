@@ -181,7 +181,7 @@ class InboxWorker:
         *,
         burst_window: float = 1.0,
         lease: float = 60.0,
-        concurrency: int = 64,
+        concurrency: int = 256,
         cpu_slots: int = 4,
         limits: ModelLimits | None = None,
         poll_interval: float = 0.25,
