@@ -10,12 +10,19 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
 import asyncpg
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from core.errors import Conflict, InvalidInput, NotFound
+from core.store.database import Connection
+
+Role = Literal["admin", "agent"]
+# An admin may do everything; an agent works on conversations, gaps, curated answers, answer
+# checks and the playground. Each role may do what the roles after it may.
+ROLES: tuple[Role, ...] = ("admin", "agent")
 
 MIN_PASSWORD_CHARS = 10
 MAX_PASSWORD_CHARS = 1024
@@ -53,6 +60,18 @@ def check_password(password: str) -> str:
     return password
 
 
+def check_role(role: str) -> Role:
+    for known in ROLES:
+        if role == known:
+            return known
+    raise InvalidInput(f"{role!r} is not a role: give one of {', '.join(ROLES)}")
+
+
+def role_allows(role: Role, needed: Role) -> bool:
+    """Whether an account with ``role`` may do what needs ``needed``."""
+    return ROLES.index(role) <= ROLES.index(needed)
+
+
 def hash_password(password: str) -> str:
     return _HASHER.hash(check_password(password))
 
@@ -70,6 +89,7 @@ class StaffMember:
     id: int
     email: str
     display_name: str
+    role: Role
     disabled: bool
     last_sign_in_at: datetime | None
     created_at: datetime
@@ -94,7 +114,8 @@ class NewSession:
 
 
 _MEMBER = (
-    "id, email, display_name, disabled_at IS NOT NULL AS disabled, last_sign_in_at, created_at"
+    "id, email, display_name, role, disabled_at IS NOT NULL AS disabled, last_sign_in_at, "
+    "created_at"
 )
 
 
@@ -103,6 +124,7 @@ def _member(row: asyncpg.Record) -> StaffMember:
         row["id"],
         row["email"],
         row["display_name"],
+        check_role(row["role"]),
         row["disabled"],
         row["last_sign_in_at"],
         row["created_at"],
@@ -113,17 +135,25 @@ class StaffAccounts:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def create(self, email: str, password: str, *, display_name: str = "") -> StaffMember:
+    async def create(
+        self, email: str, password: str, *, display_name: str = "", role: Role | None = None
+    ) -> StaffMember:
+        """A new account. Without a ``role`` it is an agent, unless no enabled admin account
+        exists yet: the first account made is the one that can manage the others."""
         email = normalise_email(email)
         # Hashing takes tens of milliseconds of CPU on purpose: off the event loop.
         password_hash = await asyncio.to_thread(hash_password, password)
         try:
             row = await self._pool.fetchrow(
-                f"""INSERT INTO staff (email, display_name, password_hash) VALUES ($1, $2, $3)
+                f"""INSERT INTO staff (email, display_name, password_hash, role)
+                    VALUES ($1, $2, $3, COALESCE($4, CASE WHEN EXISTS (
+                        SELECT 1 FROM staff WHERE role = 'admin' AND disabled_at IS NULL)
+                        THEN 'agent' ELSE 'admin' END))
                     RETURNING {_MEMBER}""",
                 email,
                 display_name.strip() or email.split("@")[0],
                 password_hash,
+                check_role(role) if role is not None else None,
             )
         except asyncpg.UniqueViolationError:
             raise Conflict(f"a staff account for {email} exists already") from None
@@ -143,20 +173,45 @@ class StaffAccounts:
                 raise NotFound(f"no staff account for {email}")
             await conn.execute("DELETE FROM staff_sessions WHERE staff_id = $1", staff_id)
 
-    async def set_disabled(self, email: str, disabled: bool) -> None:
+    async def set_disabled(self, account: int | str, disabled: bool) -> StaffMember:
         """A disabled account cannot sign in, and its open sessions end: enabling it again
-        does not bring them back."""
+        does not bring them back. The last enabled admin cannot be disabled (`Conflict`).
+
+        ``account`` is the account's id or email address."""
         async with self._pool.acquire() as conn, conn.transaction():
-            staff_id = await conn.fetchval(
-                """UPDATE staff SET disabled_at = CASE WHEN $2 THEN now() ELSE NULL END
-                    WHERE email = $1 RETURNING id""",
-                normalise_email(email),
+            staff_id = await _locked(conn, account)
+            if disabled:
+                await _keep_an_admin(conn, staff_id, "disable")
+            row = await conn.fetchrow(
+                f"""UPDATE staff SET disabled_at = CASE WHEN $2 THEN now() ELSE NULL END
+                    WHERE id = $1 RETURNING {_MEMBER}""",
+                staff_id,
                 disabled,
             )
-            if staff_id is None:
-                raise NotFound(f"no staff account for {email}")
             if disabled:
                 await conn.execute("DELETE FROM staff_sessions WHERE staff_id = $1", staff_id)
+        assert row is not None
+        return _member(row)
+
+    async def set_role(self, account: int | str, role: Role) -> StaffMember:
+        """Give an account (its id or email address) another role; takes effect on its next
+        request. The last enabled admin cannot become an agent (`Conflict`)."""
+        role = check_role(role)
+        async with self._pool.acquire() as conn, conn.transaction():
+            staff_id = await _locked(conn, account)
+            if role != "admin":
+                await _keep_an_admin(conn, staff_id, "make an agent")
+            row = await conn.fetchrow(
+                f"UPDATE staff SET role = $2 WHERE id = $1 RETURNING {_MEMBER}", staff_id, role
+            )
+        assert row is not None
+        return _member(row)
+
+    async def get(self, staff_id: int) -> StaffMember:
+        row = await self._pool.fetchrow(f"SELECT {_MEMBER} FROM staff WHERE id = $1", staff_id)
+        if row is None:
+            raise NotFound(f"no staff account with the id {staff_id}")
+        return _member(row)
 
     async def authenticate(self, email: str, password: str) -> StaffMember | None:
         """The enabled account with this address and password, else None.
@@ -197,6 +252,38 @@ class StaffAccounts:
         return found
 
 
+async def _locked(conn: Connection, account: int | str) -> int:
+    """The id of an account, by id or email address. The enabled admins are locked first,
+    always in the same order, so two changes that could each leave no admin take turns."""
+    await conn.execute(
+        "SELECT id FROM staff WHERE role = 'admin' AND disabled_at IS NULL ORDER BY id FOR UPDATE"
+    )
+    if isinstance(account, int):
+        staff_id = await conn.fetchval("SELECT id FROM staff WHERE id = $1 FOR UPDATE", account)
+        missing = f"no staff account with the id {account}"
+    else:
+        staff_id = await conn.fetchval(
+            "SELECT id FROM staff WHERE email = $1 FOR UPDATE", normalise_email(account)
+        )
+        missing = f"no staff account for {account.strip().lower()}"
+    if staff_id is None:
+        raise NotFound(missing)
+    return int(staff_id)
+
+
+async def _keep_an_admin(conn: Connection, staff_id: int, change: str) -> None:
+    """Refuse a change that would leave no enabled admin account: nobody could then manage
+    the accounts from the console or the API."""
+    admins = await conn.fetch(
+        "SELECT id, email FROM staff WHERE role = 'admin' AND disabled_at IS NULL"
+    )
+    if [r["id"] for r in admins] == [staff_id]:
+        raise Conflict(
+            f"cannot {change} {admins[0]['email']}: it is the last admin account; "
+            "make another account an admin first"
+        )
+
+
 class StaffSessions:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
@@ -227,8 +314,8 @@ class StaffSessions:
         a token session only while ``admin_token`` is still the one it was made with."""
         row = await self._pool.fetchrow(
             """SELECT ss.csrf_token, ss.expires_at, ss.staff_id, ss.token_mac, s.id, s.email,
-                      s.display_name, s.disabled_at IS NOT NULL AS disabled, s.last_sign_in_at,
-                      s.created_at
+                      s.display_name, s.role, s.disabled_at IS NOT NULL AS disabled,
+                      s.last_sign_in_at, s.created_at
                  FROM staff_sessions ss LEFT JOIN staff s ON s.id = ss.staff_id
                 WHERE ss.token_hash = $1 AND ss.expires_at > now()""",
             _session_hash(session_id),

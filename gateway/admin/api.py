@@ -1,8 +1,9 @@
 """The admin JSON API under /api/v1/admin: agents, conversations, gaps, sources, curated
 answers, answer checks, staff and the playground.
 
-Each route is declared once, with the pydantic models of its query, body and response; the
-wrapper validates with those very models and the OpenAPI document is generated from them.
+Each route is declared once, with the pydantic models of its query, body and response, and
+the staff role it needs (admin unless it says agent); the wrapper checks the role first,
+then validates with those very models, and the OpenAPI document is generated from them.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from pydantic import BaseModel, ValidationError
 
 from channels.web import WRITING_RULE, SseTurnOutput, parse_body
 from core.answer.escalation import validate_handoff_settings
-from core.errors import InvalidInput, NotFound
+from core.errors import Conflict, InvalidInput, NotFound
 from core.jobs.inbox_worker import message_text
 from core.knowledge.sources import SourceSpec
 from core.llm.limits import validate_llm_limits
 from core.store.agents import Agent
 from core.store.database import MAX_ID
+from core.store.staff import Role
 from core.store.transcripts import ConversationFilter
 from core.turns import TurnEvent, TurnRequest
 from gateway.admin import schemas as s
@@ -87,6 +89,9 @@ class Operation:
     stream: bool = False  # text/event-stream instead of JSON
     events: Events = ()  # what the stream sends: each event's name and data
     public: bool = False  # reachable without signing in
+    # The staff role it needs: "admin" (the default, so a new route is closed to agents until
+    # it says otherwise) or "agent" (any signed-in staff). Not checked when ``public``.
+    role: Role = "admin"
     signs_in: bool = False  # sets the session cookie: JSON from this gateway's pages only
 
     @property
@@ -123,6 +128,9 @@ def parse_query(request: web.Request, model: type[BaseModel]) -> Any:
 def _handler(op: Operation) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         call = Call(request, request.app[ADMIN])
+        if not op.public:
+            # Before the query and body are read: a refusal says nothing about them.
+            call.staff.require(op.role, f"{op.method} {op.route}")
         if op.signs_in:
             call.admin.auth.check_sign_in_request(request)
         if op.query is not None:
@@ -156,7 +164,9 @@ def admin_routes() -> list[web.RouteDef]:
 
 def _session(staff: Staff, expires_at: Any = None) -> s.SessionOut:
     return s.SessionOut(
-        staff=s.StaffOut(id=staff.id, email=staff.email, name=staff.name, via=staff.via),
+        staff=s.StaffOut(
+            id=staff.id, email=staff.email, name=staff.name, via=staff.via, role=staff.role
+        ),
         csrf_token=staff.csrf_token,
         expires_at=expires_at,
     )
@@ -185,7 +195,7 @@ async def sign_in(call: Call) -> s.SessionOut:
     return _session(signed_in.staff, signed_in.expires_at)
 
 
-@operation("POST", "/sign-out", "Sign out; ends the session", "session", status=204)
+@operation("POST", "/sign-out", "Sign out; ends the session", "session", status=204, role="agent")
 async def sign_out(call: Call) -> None:
     auth = call.admin.auth
     await auth.sign_out(call.request)
@@ -193,7 +203,12 @@ async def sign_out(call: Call) -> None:
 
 
 @operation(
-    "GET", "/me", "Who is signed in, and the session's CSRF token", "session", response=s.SessionOut
+    "GET",
+    "/me",
+    "Who is signed in, with which role, and the session's CSRF token",
+    "session",
+    response=s.SessionOut,
+    role="agent",
 )
 async def me(call: Call) -> s.SessionOut:
     return _session(call.staff)
@@ -202,6 +217,30 @@ async def me(call: Call) -> s.SessionOut:
 @operation("GET", "/staff", "Staff accounts", "staff", response=s.StaffList)
 async def list_staff(call: Call) -> s.StaffList:
     return s.StaffList.model_validate({"items": await call.admin.staff.list()})
+
+
+@operation(
+    "PATCH",
+    r"/staff/{id:\d+}",
+    "Change a staff account's role, or disable or enable it",
+    "staff",
+    body=s.StaffPatch,
+    response=s.StaffMemberOut,
+)
+async def patch_staff(call: Call) -> s.StaffMemberOut:
+    """No account changes its own role, and the last enabled admin account can be neither
+    made an agent nor disabled (409): someone must be left who can manage the accounts."""
+    body: s.StaffPatch = call.body
+    staff_id = call.id()
+    accounts = call.admin.staff
+    member = await accounts.get(staff_id)
+    if body.role is not None and body.role != member.role:
+        if staff_id == call.staff.id:
+            raise Conflict("you cannot change your own role; another admin can")
+        member = await accounts.set_role(staff_id, body.role)
+    if body.disabled is not None and body.disabled != member.disabled:
+        member = await accounts.set_disabled(staff_id, body.disabled)
+    return s.StaffMemberOut.model_validate(member)
 
 
 # -- agents ---------------------------------------------------------------------------------
@@ -313,12 +352,14 @@ def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
     return settings
 
 
-@operation("GET", "/agents", "Agents", "agents", response=s.AgentList)
+@operation("GET", "/agents", "Agents", "agents", response=s.AgentList, role="agent")
 async def list_agents(call: Call) -> s.AgentList:
     return s.AgentList(items=[agent_out(a) for a in await call.admin.agents.list()])
 
 
-@operation("GET", "/agents/{agent}", "One agent's settings", "agents", response=s.AgentOut)
+@operation(
+    "GET", "/agents/{agent}", "One agent's settings", "agents", response=s.AgentOut, role="agent"
+)
 async def get_agent(call: Call) -> s.AgentOut:
     return agent_out(await call.agent())
 
@@ -364,6 +405,7 @@ async def rotate_widget_key(call: Call) -> s.AgentOut:
     "conversations",
     query=s.ConversationQuery,
     response=s.ConversationPageOut,
+    role="agent",
 )
 async def list_conversations(call: Call) -> s.ConversationPageOut:
     query: s.ConversationQuery = call.query
@@ -379,6 +421,7 @@ async def list_conversations(call: Call) -> s.ConversationPageOut:
     "A conversation: summary, transcript, traces",
     "conversations",
     response=s.ConversationDetailOut,
+    role="agent",
 )
 async def get_conversation(call: Call) -> s.ConversationDetailOut:
     return s.ConversationDetailOut.model_validate(await call.admin.transcripts.get(call.id()))
@@ -393,6 +436,7 @@ async def get_conversation(call: Call) -> s.ConversationDetailOut:
     "Take a conversation over: the bot pauses until handed back",
     "conversations",
     response=s.ConversationOut,
+    role="agent",
 )
 async def take_over(call: Call) -> s.ConversationOut:
     conversation_id = call.id()
@@ -407,6 +451,7 @@ async def take_over(call: Call) -> s.ConversationOut:
     "Hand a conversation back to the bot",
     "conversations",
     response=s.ConversationOut,
+    role="agent",
 )
 async def hand_back(call: Call) -> s.ConversationOut:
     conversation_id = call.id()
@@ -423,6 +468,7 @@ async def hand_back(call: Call) -> s.ConversationOut:
     body=s.StaffMessageBody,
     response=s.StaffMessageOut,
     status=201,
+    role="agent",
 )
 async def staff_reply(call: Call) -> s.StaffMessageOut:
     body: s.StaffMessageBody = call.body
@@ -498,6 +544,7 @@ async def retry_inbox(call: Call) -> s.InboxRetriedOut:
     "Open content gaps, grouped by similar question",
     "gaps",
     response=s.GapList,
+    role="agent",
 )
 async def list_gaps(call: Call) -> s.GapList:
     agent = await call.agent()
@@ -512,6 +559,7 @@ async def list_gaps(call: Call) -> s.GapList:
     "gaps",
     body=s.ResolveGapsBody,
     response=s.ResolvedOut,
+    role="agent",
 )
 async def resolve_gaps(call: Call) -> s.ResolvedOut:
     body: s.ResolveGapsBody = call.body
@@ -606,6 +654,7 @@ async def delete_source(call: Call) -> s.RemovedOut:
     "Curated answers with hit counts",
     "curated",
     response=s.CuratedList,
+    role="agent",
 )
 async def list_curated(call: Call) -> s.CuratedList:
     agent = await call.agent()
@@ -620,6 +669,7 @@ async def list_curated(call: Call) -> s.CuratedList:
     body=s.CuratedBody,
     response=s.CuratedOut,
     status=201,
+    role="agent",
 )
 async def create_curated(call: Call) -> s.CuratedOut:
     body: s.CuratedBody = call.body
@@ -643,6 +693,7 @@ async def create_curated(call: Call) -> s.CuratedOut:
     "One curated answer",
     "curated",
     response=s.CuratedOut,
+    role="agent",
 )
 async def get_curated(call: Call) -> s.CuratedOut:
     agent = await call.agent()
@@ -656,6 +707,7 @@ async def get_curated(call: Call) -> s.CuratedOut:
     "curated",
     body=s.CuratedPatch,
     response=s.CuratedOut,
+    role="agent",
 )
 async def patch_curated(call: Call) -> s.CuratedOut:
     body: s.CuratedPatch = call.body
@@ -671,7 +723,12 @@ async def patch_curated(call: Call) -> s.CuratedOut:
 
 
 @operation(
-    "DELETE", r"/agents/{agent}/curated/{id:\d+}", "Delete a curated answer", "curated", status=204
+    "DELETE",
+    r"/agents/{agent}/curated/{id:\d+}",
+    "Delete a curated answer",
+    "curated",
+    status=204,
+    role="agent",
 )
 async def delete_curated(call: Call) -> None:
     agent = await call.agent()
@@ -687,6 +744,7 @@ async def delete_curated(call: Call) -> None:
     "Test questions asked every night",
     "checks",
     response=s.CheckList,
+    role="agent",
 )
 async def list_checks(call: Call) -> s.CheckList:
     agent = await call.agent()
@@ -701,6 +759,7 @@ async def list_checks(call: Call) -> s.CheckList:
     body=s.CheckBody,
     response=s.CheckOut,
     status=201,
+    role="agent",
 )
 async def create_check(call: Call) -> s.CheckOut:
     body: s.CheckBody = call.body
@@ -721,6 +780,7 @@ async def create_check(call: Call) -> s.CheckOut:
     "Delete a test question and its results",
     "checks",
     status=204,
+    role="agent",
 )
 async def delete_check(call: Call) -> None:
     agent = await call.agent()
@@ -734,6 +794,7 @@ async def delete_check(call: Call) -> None:
     "checks",
     query=s.CheckResultQuery,
     response=s.CheckResultList,
+    role="agent",
 )
 async def check_results(call: Call) -> s.CheckResultList:
     query: s.CheckResultQuery = call.query
@@ -787,6 +848,7 @@ class PlaygroundOutput:
     body=s.PlaygroundBody,
     stream=True,
     events=PLAYGROUND_EVENTS,
+    role="agent",
 )
 async def playground(call: Call) -> web.StreamResponse:
     """Server-sent events as the widget gets them (status, token, sources, done or error),

@@ -33,7 +33,14 @@ from aiohttp import web
 from core.errors import AdminDisabled, Forbidden, Unauthorized
 from core.ports import Cache
 from core.settings import Settings
-from core.store.staff import NewSession, StaffAccounts, StaffMember, StaffSessions
+from core.store.staff import (
+    NewSession,
+    Role,
+    StaffAccounts,
+    StaffMember,
+    StaffSessions,
+    role_allows,
+)
 from gateway.admin.throttle import SignInThrottle
 from gateway.client_address import client_address
 
@@ -54,14 +61,21 @@ class CsrfRejected(Forbidden):
     code = "csrf_failed"
 
 
+class RoleRequired(Forbidden):
+    """Signed in, but with a role that may not do this (an agent, at an admin's work)."""
+
+    code = "role_required"
+
+
 @dataclass(frozen=True, slots=True)
 class Staff:
-    """Who is making an admin request."""
+    """Who is making an admin request, and with which role (the admin token is an admin)."""
 
     id: int | None  # the staff account; None when signed in with the admin token
     email: str | None
     name: str
     via: Literal["token", "session"]
+    role: Role = "admin"
     csrf_token: str | None = None  # sessions only: what forms and X-CSRF-Token must carry
 
     @property
@@ -69,13 +83,24 @@ class Staff:
         """How staff actions are attributed: the account's address, or "admin"."""
         return self.email or "admin"
 
+    def may(self, needed: Role) -> bool:
+        """Whether this staff member's role allows what needs the role ``needed``."""
+        return role_allows(self.role, needed)
+
+    def require(self, needed: Role, what: str) -> None:
+        """Raise `RoleRequired` unless this staff member may do ``what``, which needs
+        the role ``needed``."""
+        if not self.may(needed):
+            log.info("admin.role.refused staff=%s needed=%s", self.id, needed)
+            raise RoleRequired(f"{what} needs the {needed} role; you are signed in as {self.role}")
+
     @classmethod
     def of(
         cls, member: StaffMember | None, via: Literal["token", "session"], csrf: str | None
     ) -> Staff:
         if member is None:
-            return cls(None, None, "Admin", via, csrf)
-        return cls(member.id, member.email, member.display_name, via, csrf)
+            return cls(None, None, "Admin", via, "admin", csrf)
+        return cls(member.id, member.email, member.display_name, via, member.role, csrf)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from channels.api import TurnBody
 from channels.web import ChatBody, ClearBody
 from core.store.database import MAX_ID
+from core.store.staff import Role
 from gateway.admin.api import OPERATIONS, Operation
 from gateway.admin.auth import CSRF_HEADER, SESSION_COOKIE
 from gateway.admin.events import CONVERSATION_EVENTS, TURN_EVENTS, ErrorData, Events
@@ -56,6 +57,8 @@ class _Doc:
     rules: tuple[tuple[str, _Rule], ...] = ()
     # a rate-limited request is answered in the stream's own form (an error event)
     limited_as_event: bool = False
+    # the staff role an admin route needs (None for the routes staff do not sign in to)
+    role: Role | None = None
 
 
 def _from_operation(op: Operation) -> _Doc:
@@ -73,6 +76,7 @@ def _from_operation(op: Operation) -> _Doc:
         events=op.events,
         security="public" if op.public else "admin",
         description=op.handler.__doc__ or "",
+        role=None if op.public else op.role,
     )
 
 
@@ -186,6 +190,13 @@ _ERRORS = {
     "429": "too many requests",
     "503": "unavailable (e.g. the admin side is disabled)",
 }
+_ROLES: dict[Role, str] = {
+    "admin": "Role: admin. An agent's session is refused (403, role_required).",
+    "agent": "Role: agent or admin (any signed-in staff).",
+}
+_ADMIN_ONLY = (
+    "refused: this operation needs the admin role (role_required), or a missing or wrong CSRF token"
+)
 _BODY_ERRORS = {
     "408": "the request body did not all arrive in time",
     "413": "the request body is larger than the gateway takes (1 MiB)",
@@ -299,6 +310,8 @@ def _operation(
     error = {"application/json": {"schema": refs[(ErrorOut, "serialization")]}}
     has_body = doc.body is not None or doc.method in ("POST", "PUT", "PATCH")
     for status, description in (_ERRORS | (_BODY_ERRORS if has_body else {})).items():
+        if status == "403" and doc.role == "admin":
+            description = _ADMIN_ONLY
         responses[status] = {"description": description, "content": error}
     if doc.limited_as_event:
         events = _events((("error", ErrorData),), refs)
@@ -314,8 +327,13 @@ def _operation(
         "responses": responses,
         "security": _SECURITY[doc.security],
     }
-    if doc.description:
-        result["description"] = " ".join(doc.description.split())
+    description = " ".join(
+        part for part in (_ROLES[doc.role] if doc.role else "", doc.description) if part
+    )
+    if description:
+        result["description"] = " ".join(description.split())
+    if doc.role is not None:
+        result["x-parley-role"] = doc.role
     if doc.body is not None:
         result["requestBody"] = {
             "required": True,

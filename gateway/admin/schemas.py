@@ -129,6 +129,10 @@ class StaffOut(Out):
     email: str | None
     name: str
     via: Literal["token", "session"]
+    role: Literal["admin", "agent"] = Field(
+        description="admin: everything; agent: conversations, handoff, content gaps, curated "
+        "answers, answer checks and the playground (the admin token is an admin)"
+    )
 
 
 class SessionOut(Out):
@@ -143,6 +147,7 @@ class StaffMemberOut(Out):
     id: int
     email: str
     display_name: str
+    role: Literal["admin", "agent"]
     disabled: bool
     last_sign_in_at: datetime | None
     created_at: datetime
@@ -150,6 +155,17 @@ class StaffMemberOut(Out):
 
 class StaffList(Out):
     items: list[StaffMemberOut]
+
+
+class StaffPatch(Body):
+    """What changes; a field left out stays as it is."""
+
+    role: Literal["admin", "agent"] | None = Field(
+        None, description="not your own; the last enabled admin stays an admin"
+    )
+    disabled: bool | None = Field(
+        None, description="a disabled account cannot sign in and its sessions end"
+    )
 
 
 # -- agents ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`parley staff create|list|password|disable|enable`: accounts for the staff console."""
+"""`parley staff create|list|role|password|disable|enable`: accounts for the staff console."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 
 from core.errors import InvalidInput
-from core.store.staff import StaffAccounts, check_password
+from core.store.staff import ROLES, StaffAccounts, check_password
 from gateway.runtime import Runtime
 
 PASSWORD_ENV = "PARLEY_STAFF_PASSWORD"  # noqa: S105 - the variable's name, not a password
@@ -19,12 +19,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     actions = staff.add_subparsers(dest="action", metavar="ACTION", required=True)
     create = actions.add_parser(
         "create",
+        aliases=["add"],
         help="create an account; the password is asked for (or read from standard input, "
         f"or {PASSWORD_ENV})",
     )
     create.add_argument("email", metavar="EMAIL")
     create.add_argument("--name", default="", help="name shown to colleagues")
+    create.add_argument(
+        "--role",
+        choices=ROLES,
+        default=None,
+        help="admin: everything; agent: conversations, handoff, gaps, curated answers, answer "
+        "checks and the playground (default: agent, or admin for the first account)",
+    )
     actions.add_parser("list", help="list accounts")
+    role = actions.add_parser(
+        "role", help="give an account another role (the last admin stays an admin)"
+    )
+    role.add_argument("email", metavar="EMAIL")
+    role.add_argument("role", choices=ROLES, metavar="ROLE", help=" or ".join(ROLES))
     password = actions.add_parser("password", help="set a new password for an account")
     password.add_argument("email", metavar="EMAIL")
     for action, text in (("disable", "stop an account signing in"), ("enable", "allow it again")):
@@ -50,9 +63,14 @@ def read_password() -> str:
 
 async def run(args: argparse.Namespace, runtime: Runtime) -> None:
     accounts = StaffAccounts(runtime.database.pool)
-    if args.action == "create":
-        member = await accounts.create(args.email, read_password(), display_name=args.name)
-        print(f"created staff account {member.email} ({member.display_name})")
+    if args.action in ("create", "add"):
+        member = await accounts.create(
+            args.email, read_password(), display_name=args.name, role=args.role
+        )
+        print(f"created staff account {member.email} ({member.display_name}), role {member.role}")
+    elif args.action == "role":
+        member = await accounts.set_role(args.email, args.role)
+        print(f"{member.email} is now {member.role}")
     elif args.action == "password":
         await accounts.set_password(args.email, read_password())
         print(f"password changed for {args.email.strip().lower()}")
@@ -67,4 +85,7 @@ async def run(args: argparse.Namespace, runtime: Runtime) -> None:
                 else "-"
             )
             state = "disabled" if member.disabled else "active"
-            print(f"{member.email}\t{member.display_name}\t{state}\tlast sign-in {seen}")
+            print(
+                f"{member.email}\t{member.display_name}\t{state}\t{member.role}"
+                f"\tlast sign-in {seen}"
+            )

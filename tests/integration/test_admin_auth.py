@@ -130,7 +130,13 @@ async def test_the_session_cookie_is_httponly_strict_and_not_secure_over_http(
     assert not morsel["secure"]
     assert int(morsel["max-age"]) == 12 * 3600
     body = await response.json()
-    assert body["staff"] == {"id": None, "email": None, "name": "Admin", "via": "session"}
+    assert body["staff"] == {
+        "id": None,
+        "email": None,
+        "name": "Admin",
+        "via": "session",
+        "role": "admin",
+    }
     assert len(body["csrf_token"]) >= 40
 
 
@@ -269,6 +275,7 @@ async def test_passwords_are_argon2id_hashes_and_sign_staff_in(start_client: Sta
         "email": "ann@shop.example",
         "name": "Ann",
         "via": "session",
+        "role": "admin",  # the first account
     }
     staff = await client.get(f"{ADMIN}/staff", headers={"Cookie": f"parley_admin={session}"})
     [listed] = (await staff.json())["items"]
@@ -282,7 +289,8 @@ async def test_a_disabled_account_is_signed_out_and_cannot_sign_in(
 ) -> None:
     client = await start_client(admin_token=TOKEN)
     accounts = _staff(client)
-    await accounts.create("ann@shop.example", PASSWORD)
+    # An agent: the last admin account cannot be disabled (test_staff_roles.py).
+    await accounts.create("ann@shop.example", PASSWORD, role="agent")
     session, _ = await _sign_in(client, email="ann@shop.example", password=PASSWORD)
     await accounts.set_disabled("ann@shop.example", True)
     assert (
@@ -299,7 +307,8 @@ async def test_enabling_an_account_again_does_not_revive_its_old_sessions(
 ) -> None:
     client = await start_client(admin_token=TOKEN)
     accounts = _staff(client)
-    await accounts.create("ann@shop.example", PASSWORD)
+    # An agent: the last admin account cannot be disabled (test_staff_roles.py).
+    await accounts.create("ann@shop.example", PASSWORD, role="agent")
     session, _ = await _sign_in(client, email="ann@shop.example", password=PASSWORD)
     await accounts.set_disabled("ann@shop.example", True)
     pool = client.server.app[DATABASE].pool
@@ -499,14 +508,14 @@ async def test_parley_staff_create_reads_the_password_from_stdin(
         check=False,
     )
     assert created.returncode == 0, created.stderr
-    assert created.stdout.strip() == "created staff account ann@shop.example (Ann)"
+    assert created.stdout.strip() == "created staff account ann@shop.example (Ann), role admin"
     assert PASSWORD not in created.stdout + created.stderr
     short = run_parley("staff", "create", "bob@shop.example", cwd=tmp_path,
                        PARLEY_DATABASE_URL=database_url, PARLEY_STAFF_PASSWORD="short")  # fmt: skip
     assert short.returncode == 2
     assert "at least 10 characters" in short.stderr
     listed = run_parley("staff", "list", cwd=tmp_path, PARLEY_DATABASE_URL=database_url)
-    assert listed.stdout.startswith("ann@shop.example\tAnn\tactive")
+    assert listed.stdout.startswith("ann@shop.example\tAnn\tactive\tadmin")
 
     client = await start_client()
     await _sign_in(client, email="ann@shop.example", password=PASSWORD)

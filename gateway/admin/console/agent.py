@@ -21,17 +21,20 @@ from gateway.admin.api import (
 )
 from gateway.admin.console.render import (
     Form,
+    Route,
     admin,
     agent_of,
     agent_page,
     call,
     checked,
     form,
+    home_section,
     lines,
     optional,
     page,
     redirect,
     render,
+    route,
     run,
     text,
     validated,
@@ -81,7 +84,7 @@ async def agents_page(request: web.Request) -> web.StreamResponse:
 @page
 async def agent_home(request: web.Request) -> web.StreamResponse:
     agent = await agent_of(request)
-    raise web.HTTPSeeOther(agent_page(agent, "settings"))
+    raise web.HTTPSeeOther(agent_page(agent, home_section(request)))
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -378,17 +381,17 @@ async def playground_page(request: web.Request) -> web.StreamResponse:
     )
 
 
-def routes() -> list[web.RouteDef]:
+def routes() -> list[Route]:
     check = AGENT + r"/checks/{id:\d+}"
     return [
-        web.get("/admin/agents", agents_page),
-        web.get(AGENT, agent_home),
-        web.get(AGENT + "/settings", settings_page),
-        web.post(AGENT + "/settings", save_settings_action),
-        web.post(AGENT + "/settings/channels", save_channels_action),
-        web.post(AGENT + "/settings/widget-key", rotate_key_action),
-        web.get(AGENT + "/checks", checks_page),
-        web.post(AGENT + "/checks", create_check_action),
-        web.post(check + "/delete", delete_check_action),
-        web.get(AGENT + "/playground", playground_page),
+        route("GET", "/admin/agents", agents_page, role="agent"),
+        route("GET", AGENT, agent_home, role="agent"),
+        route("GET", AGENT + "/settings", settings_page),
+        route("POST", AGENT + "/settings", save_settings_action),
+        route("POST", AGENT + "/settings/channels", save_channels_action),
+        route("POST", AGENT + "/settings/widget-key", rotate_key_action),
+        route("GET", AGENT + "/checks", checks_page, role="agent"),
+        route("POST", AGENT + "/checks", create_check_action, role="agent"),
+        route("POST", check + "/delete", delete_check_action, role="agent"),
+        route("GET", AGENT + "/playground", playground_page, role="agent"),
     ]

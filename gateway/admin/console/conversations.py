@@ -15,12 +15,14 @@ from core.store.transcripts import ConversationFilter, TurnTrace
 from gateway.admin.api import Call, hand_back, path_id, staff_reply, take_over
 from gateway.admin.console.render import (
     CHANNEL_NAMES,
+    Route,
     admin,
     call,
     form,
     page,
     redirect,
     render,
+    route,
     text,
     url_with,
     validated,
@@ -182,13 +184,13 @@ async def home(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther(LIST)
 
 
-def routes() -> list[web.RouteDef]:
+def routes() -> list[Route]:
     one = LIST + r"/{id:\d+}"
     return [
-        web.get("/admin", home),
-        web.get(LIST, conversation_list),
-        web.get(one, conversation_page),
-        web.post(one + "/take-over", take_over_action),
-        web.post(one + "/hand-back", hand_back_action),
-        web.post(one + "/reply", reply_action),
+        route("GET", "/admin", home, role="agent"),
+        route("GET", LIST, conversation_list, role="agent"),
+        route("GET", one, conversation_page, role="agent"),
+        route("POST", one + "/take-over", take_over_action, role="agent"),
+        route("POST", one + "/hand-back", hand_back_action, role="agent"),
+        route("POST", one + "/reply", reply_action, role="agent"),
     ]

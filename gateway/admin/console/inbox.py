@@ -9,6 +9,7 @@ from aiohttp import web
 from core.errors import ParleyError
 from gateway.admin.api import list_inbox, retry_inbox
 from gateway.admin.console.render import (
+    Route,
     admin,
     call,
     form,
@@ -16,6 +17,7 @@ from gateway.admin.console.render import (
     page,
     redirect,
     render,
+    route,
     run,
     text,
     validated,
@@ -75,5 +77,6 @@ async def retry_action(request: web.Request) -> web.StreamResponse:
     raise redirect(PAGE, "inbox-retried")
 
 
-def routes() -> list[web.RouteDef]:
-    return [web.get(PAGE, inbox_page), web.post(PAGE + "/retry", retry_action)]
+def routes() -> list[Route]:
+    # Operating the durable inbox is an admin's work, as in the admin API.
+    return [route("GET", PAGE, inbox_page), route("POST", PAGE + "/retry", retry_action)]

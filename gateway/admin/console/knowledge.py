@@ -24,6 +24,7 @@ from gateway.admin.api import (
 )
 from gateway.admin.console.render import (
     Form,
+    Route,
     agent_of,
     agent_page,
     call,
@@ -35,6 +36,7 @@ from gateway.admin.console.render import (
     page,
     redirect,
     render,
+    route,
     run,
     text,
     validated,
@@ -266,19 +268,19 @@ async def delete_curated_action(request: web.Request) -> web.StreamResponse:
     raise redirect(agent_page(await agent_of(request), "curated"), "curated-deleted")
 
 
-def routes() -> list[web.RouteDef]:
+def routes() -> list[Route]:
     source = AGENT + r"/sources/{id:\d+}"
     curated = AGENT + r"/curated/{id:\d+}"
     return [
-        web.get(AGENT + "/gaps", gaps_page),
-        web.post(AGENT + "/gaps/resolve", resolve_action),
-        web.get(AGENT + "/sources", sources_page),
-        web.post(AGENT + "/sources", add_source_action),
-        web.post(source + "/reindex", reindex_action),
-        web.post(source + "/remove", remove_source_action),
-        web.get(AGENT + "/curated", curated_page),
-        web.post(AGENT + "/curated", create_curated_action),
-        web.get(curated, edit_curated_page),
-        web.post(curated, save_curated_action),
-        web.post(curated + "/delete", delete_curated_action),
+        route("GET", AGENT + "/gaps", gaps_page, role="agent"),
+        route("POST", AGENT + "/gaps/resolve", resolve_action, role="agent"),
+        route("GET", AGENT + "/sources", sources_page),
+        route("POST", AGENT + "/sources", add_source_action),
+        route("POST", source + "/reindex", reindex_action),
+        route("POST", source + "/remove", remove_source_action),
+        route("GET", AGENT + "/curated", curated_page, role="agent"),
+        route("POST", AGENT + "/curated", create_curated_action, role="agent"),
+        route("GET", curated, edit_curated_page, role="agent"),
+        route("POST", curated, save_curated_action, role="agent"),
+        route("POST", curated + "/delete", delete_curated_action, role="agent"),
     ]

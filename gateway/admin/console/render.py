@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from core.errors import InvalidInput, ParleyError
 from core.store.agents import Agent
+from core.store.staff import Role
 from gateway.admin.api import Call
 from gateway.admin.auth import csrf_token, current_staff
 from gateway.admin.services import AdminServices
@@ -159,22 +160,56 @@ async def run(
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """A console route and the staff role it needs: admin unless it says agent, or None for
+    the sign-in routes, which come before anyone is signed in. `gateway.admin.console`
+    checks the role before the handler runs, as the admin API does for its operations."""
+
+    method: str
+    path: str
+    handler: Handler
+    role: Role | None = "admin"
+
+
+def route(method: str, path: str, handler: Handler, *, role: Role | None = "admin") -> Route:
+    return Route(method, path, handler, role)
+
+
+async def refused(request: web.Request, needed: Role) -> web.Response:
+    """The page for a signed-in staff member whose role may not see a page or send a form."""
+    return await render(
+        request,
+        "admin/error.html",
+        title="Not available to your role",
+        status=403,
+        message=f"This page is for staff with the {needed} role; you are signed in as "
+        f"{current_staff(request).role}. Ask an admin if you need it.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Section:
     slug: str
     title: str
+    role: Role = "admin"
 
 
 # The agent last looked at: pages that are about no agent in particular link to its pages.
 AGENT_COOKIE = "parley_console_agent"
 
 AGENT_SECTIONS = (
-    Section("gaps", "Content gaps"),
+    Section("gaps", "Content gaps", "agent"),
     Section("sources", "Sources"),
-    Section("curated", "Curated answers"),
-    Section("checks", "Answer checks"),
-    Section("playground", "Playground"),
+    Section("curated", "Curated answers", "agent"),
+    Section("checks", "Answer checks", "agent"),
+    Section("playground", "Playground", "agent"),
     Section("settings", "Settings"),
 )
+
+
+def home_section(request: web.Request) -> str:
+    """The page an agent's link opens: its settings for an admin, its gaps for an agent."""
+    return "settings" if current_staff(request).may("admin") else "gaps"
 
 
 async def render(
@@ -194,17 +229,21 @@ async def render(
     current = agent or next((a for a in agents if a.slug == remembered), None)
     current = current or (agents[0] if agents else None)
     notice = NOTICES.get(request.query.get("done", ""))
+    staff = current_staff(request)
     text = aiohttp_jinja2.render_string(
         template,
         request,
         {
             "title": title,
-            "staff": current_staff(request),
+            "staff": staff,
+            "is_admin": staff.may("admin"),
             "csrf_token": csrf_token(request),
             "agents": agents,
             "agent": agent,
             "nav_agent": current,
-            "sections": AGENT_SECTIONS,
+            # Only what this staff member may open is offered.
+            "sections": [s for s in AGENT_SECTIONS if staff.may(s.role)],
+            "home_section": home_section(request),
             "section": section,
             "notice": notice,
             "error": error,

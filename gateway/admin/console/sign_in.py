@@ -9,11 +9,13 @@ from aiohttp import web
 
 from core.errors import AdminDisabled, ParleyError, RateLimited, Unauthorized
 from gateway.admin.console.render import (
+    Route,
     admin,
     checked,
     form,
     redirect,
     render_bare,
+    route,
     text,
 )
 from gateway.admin.guard import SIGN_IN_PAGE, after_sign_in
@@ -116,9 +118,9 @@ async def sign_out(request: web.Request) -> web.StreamResponse:
     raise response
 
 
-def routes() -> list[web.RouteDef]:
+def routes() -> list[Route]:
     return [
-        web.get(SIGN_IN_PAGE, sign_in_page),
-        web.post(SIGN_IN_PAGE, sign_in),
-        web.post("/admin/sign-out", sign_out),
+        route("GET", SIGN_IN_PAGE, sign_in_page, role=None),
+        route("POST", SIGN_IN_PAGE, sign_in, role=None),
+        route("POST", "/admin/sign-out", sign_out, role="agent"),
     ]
