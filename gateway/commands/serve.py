@@ -92,7 +92,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-DEMO_CONTACT_ROUTE = "service@noordkaap.example or +31 10 341 27 90"
+# Without words of one language: it is quoted inside answers in every language.
+DEMO_CONTACT_ROUTE = "service@noordkaap.example, +31 10 341 27 90"
 
 
 async def prepare_demo(settings: Settings) -> DemoSite:
