@@ -14,11 +14,8 @@ the same scenarios at the issue's load levels, on production's settings.
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from collections.abc import Iterator
 
-import asyncpg
 import pytest
 
 from tests.support.faults import (
@@ -31,7 +28,7 @@ from tests.support.faults import (
     widget_during_redis_outage,
     worker_killed,
 )
-from tests.support.services import RedisServer, with_database
+from tests.support.services import RedisServer, database_from_template
 
 SETTINGS = {
     "PARLEY_BURST_WINDOW_SECONDS": "0",
@@ -40,28 +37,20 @@ SETTINGS = {
 }
 
 
-async def _admin(url: str, statement: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="module")
 def rig(
     postgres_url: str, template_database: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Rig]:
-    name = f"t_faults_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_admin(postgres_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
     workdir = tmp_path_factory.mktemp("faults")
     redis = RedisServer(workdir)
     try:
-        with Rig(workdir, with_database(postgres_url, name), redis, SETTINGS) as running:
+        with (
+            database_from_template(postgres_url, template_database, "t_faults_") as database,
+            Rig(workdir, database, redis, SETTINGS) as running,
+        ):
             yield running
     finally:
         redis.stop()
-        asyncio.run(_admin(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def test_redis_killed_then_back_empty(rig: Rig) -> None:

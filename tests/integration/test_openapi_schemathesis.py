@@ -15,13 +15,11 @@ import contextlib
 import json
 import threading
 import urllib.request
-import uuid
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 import redis
 import schemathesis
@@ -40,7 +38,7 @@ from gateway.app import create_app
 from gateway.keys import DATABASE, EMBEDDER
 from tests.conftest import SECRETS_KEY
 from tests.support.redis_keys import key_prefix
-from tests.support.services import LOOPBACK, free_port, with_database
+from tests.support.services import LOOPBACK, database_from_template, free_port
 
 T = TypeVar("T")
 
@@ -147,18 +145,8 @@ def _site() -> web.Application:
 @pytest.fixture(scope="module")
 def gateway_database(postgres_url: str, template_database: str) -> Iterator[str]:
     """A migrated database shared by this module's tests: one gateway serves them all."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
-    yield with_database(postgres_url, name)
-    asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-async def _execute(url: str, statement: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
+    with database_from_template(postgres_url, template_database) as database:
+        yield database
 
 
 @pytest.fixture(scope="module")

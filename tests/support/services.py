@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import time
+import uuid
 import warnings
 from collections.abc import Iterator
 from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
 
 # The networks test sites listen on; a real deployment's crawler refuses them.
 LOOPBACK = (ip_network("127.0.0.0/8"), ip_network("::1/128"))
@@ -30,6 +34,26 @@ def with_database(url: str, name: str) -> str:
     """The same server URL pointing at database ``name``."""
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@contextlib.contextmanager
+def database_from_template(url: str, template: str, prefix: str = "t_") -> Iterator[str]:
+    """A database of its own, copied from the migrated ``template``, for a module of tests
+    outside an event loop (processes, threads); dropped at the end. Yields its URL."""
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    asyncio.run(_execute(url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    try:
+        yield with_database(url, name)
+    finally:
+        asyncio.run(_execute(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _execute(url: str, statement: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
 
 
 def redis_answers(host: str, port: int) -> bool:
