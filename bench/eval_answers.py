@@ -49,10 +49,11 @@ from core.cache import LocalCache
 from core.knowledge.extract import extract_page
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agents, open_database
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, PageContext, TurnRequest
 
 DATA = Path(__file__).parent / "data"

@@ -23,14 +23,15 @@ from typing import Any
 from bench.database import bench_settings
 from core.cache import LocalCache
 from core.knowledge.ingest import Ingestor
-from core.knowledge.locale import language_of, locale_from_url
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.locale import language_of, locale_from_url
+from core.retrieval.embedders import UseEmbedder
 from core.retrieval.retriever import RetrievalQuery, Retriever
 from core.settings import Settings
 from core.store import Agents, open_database
 from core.store.knowledge import KnowledgeStore
 from core.store.search import ChunkSearch
+from core.store.vector_index import EmbedderIdentity
 
 DATA = Path(__file__).parent / "data"
 RETRIEVERS: dict[str, dict[str, Any]] = {

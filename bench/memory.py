@@ -30,10 +30,10 @@ from bench.database import bench_settings
 from core.cache import LocalCache, RedisCache
 from core.memory import ConversationMemory, Summarizer
 from core.ports import Cache
-from core.retrieval.embedders import EmbedderIdentity
 from core.settings import Settings
 from core.store import Agents, open_database
 from core.store.memory import MemoryStore
+from core.store.vector_index import EmbedderIdentity
 
 TARGET_P99_MS = 5.0
 IDENTITY = EmbedderIdentity("use:universal-sentence-encoder-multilingual-3", 512)

@@ -20,12 +20,18 @@ import numpy as np
 
 from bench.database import bench_settings
 from core.cache import LocalCache
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.retrieval.retriever import RetrievalQuery, Retriever
 from core.settings import Settings
 from core.store import Agents, open_database
 from core.store.search import ChunkSearch, SearchFilters
-from core.store.vector_index import HNSW_EF_CONSTRUCTION, HNSW_M, bind_embedder, index_name
+from core.store.vector_index import (
+    HNSW_EF_CONSTRUCTION,
+    HNSW_M,
+    EmbedderIdentity,
+    bind_embedder,
+    index_name,
+)
 
 DIM = 512
 IDENTITY = EmbedderIdentity("use:universal-sentence-encoder-multilingual-3", DIM)

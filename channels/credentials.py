@@ -1,9 +1,9 @@
 """Where a messaging channel's secrets come from: the agent's own settings, else the environment.
 
-An agent's ``settings["twilio"]`` / ``settings["telegram"]`` block is used as a whole when it
-is present (an account's SID and another account's token never mix); without one, the
-``TWILIO_*`` / ``TELEGRAM_*`` environment settings apply. Secrets are `SecretStr`, so they
-never show in a repr, a log line or an error message.
+Each channel declares its fields (`CredentialField`); an agent's ``settings[block]`` (for
+example ``settings["twilio"]``) is used as a whole when it is present (an account's SID and
+another account's token never mix); without one, the environment's settings apply. Secrets
+are `SecretStr`, so they never show in a repr, a log line or an error message.
 
 This is the one place that opens an agent's stored secrets, which are sealed under
 PARLEY_SECRETS_KEY (core/keyring.py). One stored in clear by an earlier version is still
@@ -12,9 +12,10 @@ used, with a warning (once per value and process) until `parley secrets rotate` 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +27,6 @@ from core.settings import Settings
 from core.store.agents import Agent
 
 log = logging.getLogger(__name__)
-
-# Telegram's own rule for setWebhook(secret_token=...).
-_TELEGRAM_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
 class ChannelNotConfigured(Forbidden):
@@ -49,26 +47,49 @@ class CredentialsUnreadable(ChannelNotConfigured):
 
 
 @dataclass(frozen=True, slots=True)
-class TwilioCredentials:
-    auth_token: SecretStr
-    account_sid: str | None = None
-    whatsapp_from: str | None = None
-    source: str = "environment"  # or "agent": where they came from, for logs
+class CredentialField:
+    """One field of a channel's credentials, in the agent's ``settings[block]`` (per agent)
+    and in `Settings` (``setting``: the environment's default for every agent).
+
+    ``secret`` fields are stored sealed and never shown back; ``required`` ones must be set
+    for the channel's webhooks to be verified at all; ``pattern`` is what a value must match.
+    """
+
+    name: str
+    label: str
+    setting: str | None = None
+    secret: bool = False
+    required: bool = False
+    pattern: str | None = None
+    help: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class TelegramCredentials:
-    webhook_secret: SecretStr
-    bot_token: SecretStr | None = None
-    source: str = "environment"
+class Credentials:
+    """A channel's credentials for one agent: every declared field, secrets as `SecretStr`."""
+
+    values: Mapping[str, str | SecretStr | None]
+    source: str = "environment"  # or "agent": where they came from, for logs
+
+    def text(self, name: str) -> str | None:
+        value = self.values.get(name)
+        if isinstance(value, SecretStr):
+            return value.get_secret_value() or None
+        return value or None
+
+    def secret(self, name: str) -> SecretStr | None:
+        value = self.values.get(name)
+        if value is None or value == "":
+            return None
+        return value if isinstance(value, SecretStr) else SecretStr(value)
 
 
-def _block(agent: Agent, channel: str) -> Mapping[str, Any] | None:
-    block = agent.settings.get(channel)
+def _block(agent: Agent, block_name: str) -> Mapping[str, Any] | None:
+    block = agent.settings.get(block_name)
     if block is None:
         return None
     if not isinstance(block, Mapping):
-        raise ChannelNotConfigured(f"agent {agent.slug!r}: settings.{channel} must be an object")
+        raise ChannelNotConfigured(f"agent {agent.slug!r}: settings.{block_name} must be an object")
     return block
 
 
@@ -82,12 +103,15 @@ def _text(agent: Agent, channel: str, block: Mapping[str, Any], name: str) -> st
 
 
 # What was already logged about stored secrets, so that every webhook does not log it again.
-_WARNED: set[tuple[int, str]] = set()
+_WARNED: set[tuple[int, str, str, str]] = set()
 
 
-def _warn_once(agent: Agent, message: str) -> None:
-    if (agent.id, message) not in _WARNED:
-        _WARNED.add((agent.id, message))
+def _warn_once(agent: Agent, message: str, value: object) -> None:
+    """Log ``message`` once per agent and stored value (a digest of it, never the value)."""
+    digest = hashlib.sha256(repr(value).encode()).hexdigest()
+    key = (agent.id, agent.created_at.isoformat(), message, digest)
+    if key not in _WARNED:
+        _WARNED.add(key)
         log.warning("%s", message)
 
 
@@ -101,7 +125,7 @@ def _secret(
         try:
             return Keyring.from_settings(settings).open(value, what=field)
         except SecretUnreadable as exc:
-            _warn_once(agent, f"credentials.unreadable agent={agent.slug}: {exc.message}")
+            _warn_once(agent, f"credentials.unreadable agent={agent.slug}: {exc.message}", value)
             raise CredentialsUnreadable(f"agent {agent.slug!r}: {exc.message}") from None
     text = _text(agent, channel, block, name)
     if text is None:
@@ -110,67 +134,62 @@ def _secret(
         agent,
         f"credentials.unencrypted agent={agent.slug} field={field}: stored in clear; "
         "set PARLEY_SECRETS_KEY and run `parley secrets rotate`",
+        value,
     )
     return SecretStr(text)
 
 
-def twilio_credentials(agent: Agent | None, settings: Settings) -> TwilioCredentials:
-    """The agent's Twilio account, else the environment's; `ChannelNotConfigured` if neither."""
-    block = _block(agent, "twilio") if agent is not None else None
+def _checked(title: str, where: str, spec: CredentialField, value: str | SecretStr | None) -> None:
+    """A required field (what verifies the webhooks) of the wrong form verifies nothing; the
+    others are checked when staff set them (the admin API)."""
+    if value is None or not spec.required:
+        return
+    plain = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if spec.pattern is not None and not re.fullmatch(spec.pattern, plain):
+        raise ChannelNotConfigured(
+            f"{where}: {spec.name} does not have the form {title} needs "
+            f"({spec.help or spec.pattern})"
+        )
+
+
+def resolve_credentials(
+    title: str,
+    block_name: str,
+    fields: Sequence[CredentialField],
+    agent: Agent | None,
+    settings: Settings,
+) -> Credentials:
+    """The agent's ``settings[block_name]`` as a whole when it has one (an account's id and
+    another account's token never mix), else the environment's settings;
+    `ChannelNotConfigured` when a required field is missing (nothing can be verified)."""
+    block = _block(agent, block_name) if agent is not None else None
+    values: dict[str, str | SecretStr | None] = {}
     if agent is not None and block is not None:
-        token = _secret(agent, "twilio", block, "auth_token", settings)
-        if token is None:
-            raise ChannelNotConfigured(
-                f"agent {agent.slug!r}: settings.twilio has no auth_token; "
-                "WhatsApp webhooks cannot be verified"
+        for spec in fields:
+            value: str | SecretStr | None = (
+                _secret(agent, block_name, block, spec.name, settings)
+                if spec.secret
+                else _text(agent, block_name, block, spec.name)
             )
-        return TwilioCredentials(
-            auth_token=token,
-            account_sid=_text(agent, "twilio", block, "account_sid"),
-            whatsapp_from=_text(agent, "twilio", block, "whatsapp_from"),
-            source="agent",
-        )
-    if settings.twilio_auth_token is None or not settings.twilio_auth_token.get_secret_value():
-        whose = f"agent {agent.slug!r}" if agent is not None else "this gateway"
-        raise ChannelNotConfigured(
-            f"WhatsApp is not configured for {whose}: set TWILIO_AUTH_TOKEN "
-            "or the agent's settings.twilio"
-        )
-    return TwilioCredentials(
-        auth_token=settings.twilio_auth_token,
-        account_sid=settings.twilio_account_sid,
-        whatsapp_from=settings.twilio_whatsapp_from,
-    )
-
-
-def telegram_bot_token(agent: Agent, settings: Settings) -> SecretStr | None:
-    """The token replies are sent with: the agent's own bot, else the environment's."""
-    block = _block(agent, "telegram")
-    if block is not None:
-        return _secret(agent, "telegram", block, "bot_token", settings)
-    return settings.telegram_bot_token
-
-
-def telegram_credentials(agent: Agent, settings: Settings) -> TelegramCredentials:
-    """The agent's bot, else the environment's; `ChannelNotConfigured` without a webhook secret."""
-    block = _block(agent, "telegram")
-    if block is not None:
-        secret = _secret(agent, "telegram", block, "webhook_secret", settings)
-        if secret is None or not _TELEGRAM_SECRET.fullmatch(secret.get_secret_value()):
+            where = f"agent {agent.slug!r}: settings.{block_name}"
+            if spec.required and value is None:
+                raise ChannelNotConfigured(
+                    f"{where} has no {spec.name}; {title} webhooks cannot be verified"
+                )
+            _checked(title, where, spec, value)
+            values[spec.name] = value
+        return Credentials(values, source="agent")
+    for spec in fields:
+        raw = getattr(settings, spec.setting) if spec.setting else None
+        if isinstance(raw, SecretStr) and not raw.get_secret_value():
+            raw = None
+        values[spec.name] = raw if raw is None or isinstance(raw, SecretStr) else str(raw)
+        if spec.required and values[spec.name] is None:
+            whose = f"agent {agent.slug!r}" if agent is not None else "this gateway"
+            env = spec.setting.upper() if spec.setting else spec.name
             raise ChannelNotConfigured(
-                f"agent {agent.slug!r}: settings.telegram.webhook_secret must be 1-256 "
-                "characters of A-Z, a-z, 0-9, _ and -; Telegram webhooks cannot be verified"
+                f"{title} is not configured for {whose}: set {env} "
+                f"or the agent's settings.{block_name}"
             )
-        return TelegramCredentials(
-            webhook_secret=secret,
-            bot_token=_secret(agent, "telegram", block, "bot_token", settings),
-            source="agent",
-        )
-    if settings.telegram_webhook_secret is None:
-        raise ChannelNotConfigured(
-            f"Telegram is not configured for agent {agent.slug!r}: set TELEGRAM_WEBHOOK_SECRET "
-            "or the agent's settings.telegram"
-        )
-    return TelegramCredentials(
-        webhook_secret=settings.telegram_webhook_secret, bot_token=settings.telegram_bot_token
-    )
+        _checked(title, "the environment", spec, values[spec.name])
+    return Credentials(values)

@@ -1,4 +1,7 @@
-"""What every messaging channel shares when it sends: splitting, results, errors, typing."""
+"""What every messaging channel shares when it sends: splitting, Retry-After, typing.
+
+The delivery contract itself (`Sender`, `Sent`, `DeliveryError`) is core's: `core.delivery`.
+"""
 
 from __future__ import annotations
 
@@ -8,130 +11,13 @@ import logging
 import re
 import time
 import unicodedata
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+
+from core.delivery import DeliveryError
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "DeliveryError",
-    "Sender",
-    "Sent",
-    "SentFinder",
-    "deliver_parts",
-    "keep_typing",
-    "parse_retry_after",
-    "split_message",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class Sent:
-    """One part the provider accepted, with the id it gave it (Twilio `SM...`, Telegram id).
-
-    ``status`` is the provider's delivery status when known (a look-up reports it).
-    """
-
-    provider_message_id: str
-    status: str | None = None
-
-
-class DeliveryError(Exception):
-    """A reply, or one part of it, was not accepted by the provider.
-
-    ``permanent`` errors must not be retried (invalid number, blocked bot, outside WhatsApp's
-    24-hour window); transient ones may be, not before ``retry_after`` seconds when given.
-    ``code`` is the provider's error code when it has one (Twilio ``21617``), else a short
-    slug (``timeout``, ``forbidden``). When a multi-part reply fails, ``part`` is the 1-based
-    number of the failing part out of ``parts`` and ``sent`` lists the parts accepted before
-    it, so a retry can resume with ``skip=len(sent)`` instead of sending them twice.
-
-    ``ambiguous`` says the request may have reached the provider and been accepted, only its
-    answer never arrived (a timeout after the request went out, a connection dropped while
-    waiting). Before such a part is sent again, a provider that can be asked (Twilio) is asked
-    whether it has it. An error the provider answered with, or a connection that was never
-    made, is not ambiguous: nothing was accepted.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str | None = None,
-        permanent: bool = False,
-        retry_after: float | None = None,
-        ambiguous: bool = False,
-        sent: Sequence[Sent] = (),
-        part: int | None = None,
-        parts: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.permanent = permanent
-        self.retry_after = retry_after
-        self.ambiguous = ambiguous
-        self.sent: list[Sent] = list(sent)
-        self.part = part
-        self.parts = parts
-
-    def at_part(self, part: int, parts: int, sent: Sequence[Sent]) -> DeliveryError:
-        """The same failure, saying which part failed and which were sent before it."""
-        return DeliveryError(
-            f"part {part} of {parts}: {self.message}",
-            code=self.code,
-            permanent=self.permanent,
-            retry_after=self.retry_after,
-            ambiguous=self.ambiguous,
-            sent=sent,
-            part=part,
-            parts=parts,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"DeliveryError({self.message!r}, code={self.code!r}, permanent={self.permanent}, "
-            f"retry_after={self.retry_after!r}, ambiguous={self.ambiguous}, "
-            f"sent={len(self.sent)})"
-        )
-
-
-class Sender(Protocol):
-    """Sends a reply on one channel; implemented by `TwilioSender` and `TelegramSender`."""
-
-    async def send(self, recipient: str, text: str, *, skip: int = 0) -> list[Sent]:
-        """Split ``text`` at the channel's limit and send the parts in order.
-
-        ``skip`` parts are left out: they went out in an earlier attempt (splitting is
-        deterministic, so the same text gives the same parts). Returns the parts sent now;
-        raises `DeliveryError` at the first part that fails.
-        """
-        ...
-
-
-class SentFinder(Protocol):
-    """A sender that can ask its provider which messages it accepted (Twilio can; Telegram's
-    Bot API has no such look-up)."""
-
-    async def find_sent(self, recipient: str, text: str, since: datetime) -> list[Sent]:
-        """The messages with body ``text`` (one part) the provider accepted for ``recipient``
-        from ``since`` on, oldest first; raises `DeliveryError` when it cannot be asked."""
-        ...
-
-
-async def deliver_parts(
-    parts: Sequence[str], send_one: Callable[[str], Awaitable[Sent]], *, skip: int = 0
-) -> list[Sent]:
-    """Send ``parts[skip:]`` in order, stopping at the first failure (see `DeliveryError`)."""
-    sent: list[Sent] = []
-    for number, part in enumerate(parts[skip:], start=skip + 1):
-        try:
-            sent.append(await send_one(part))
-        except DeliveryError as exc:
-            raise exc.at_part(number, len(parts), sent) from exc
-    return sent
+__all__ = ["keep_typing", "parse_retry_after", "split_message"]
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from telegram.constants import ChatType, MessageLimit
 
-from channels.credentials import ChannelNotConfigured, telegram_credentials
+from channels.base import ChannelBase, ChannelContext, SenderSpec, WebhookDoc
+from channels.credentials import ChannelNotConfigured, CredentialField, Credentials
 from channels.inbound import find_agent, read_json, validated
+from channels.telegram_send import TelegramSender
 from core.errors import Forbidden, InvalidInput
+from core.inbound import InboundMessage, MediaItem, MediaKind
 from core.settings import Settings
-from core.store.agents import Agent, Agents
+from core.store.agents import Agent
 from core.store.inbox import Inbox
 from core.turns import clean_payload
 
@@ -56,6 +61,9 @@ class TelegramChat(_Shape):
 class TelegramUser(_Shape):
     id: _Id
     language_code: StrictStr | None = Field(None, max_length=35)
+    first_name: StrictStr | None = Field(None, max_length=256)
+    last_name: StrictStr | None = Field(None, max_length=256)
+    username: StrictStr | None = Field(None, max_length=64)
 
 
 class TelegramMessage(_Shape):
@@ -87,21 +95,77 @@ def _kind(data: dict[str, Any]) -> str:
     return next((key for key in data if key != "update_id"), "empty")
 
 
-def _classify(
-    update: TelegramUpdate, data: dict[str, Any]
-) -> tuple[TelegramMessage | None, bool, str]:
-    """(the message to store or None, media_only, kind for the log)."""
+def _classify(update: TelegramUpdate, data: dict[str, Any]) -> tuple[TelegramMessage | None, str]:
+    """(the message to store or None, its kind for the log)."""
     message = update.message
     if message is None:
-        return None, False, _kind(data)
+        return None, _kind(data)
     if message.text:
-        return message, False, "command" if message.text.startswith("/") else "text"
+        return message, "command" if message.text.startswith("/") else "text"
     media = next((name for name in _MEDIA if getattr(message, name)), None)
     if media is None:
-        return None, False, "service"  # joins, leaves, pins, title changes, ...
+        return None, "service"  # joins, leaves, pins, title changes, ...
     if message.chat.type != ChatType.PRIVATE:
-        return None, False, f"group_{media}"
-    return message, not (message.caption or "").strip(), media
+        return None, f"group_{media}"
+    return message, media
+
+
+# The attachment kinds, as `core.inbound` names them.
+_KINDS: dict[str, MediaKind] = {
+    "voice": "audio",
+    "audio": "audio",
+    "photo": "image",
+    "video": "video",
+    "video_note": "video",
+    "animation": "video",
+    "sticker": "sticker",
+    "document": "document",
+}
+
+
+def _media(message: TelegramMessage) -> tuple[MediaItem, ...]:
+    items = []
+    for name in _MEDIA:
+        value = getattr(message, name)
+        if not value:
+            continue
+        if isinstance(value, list):  # photo: its sizes, smallest first
+            value = value[-1] if isinstance(value[-1], dict) else {}
+        file_id = value.get("file_id") if isinstance(value, dict) else None
+        mime = value.get("mime_type") if isinstance(value, dict) else None
+        items.append(
+            MediaItem(
+                _KINDS[name],
+                str(file_id or ""),
+                str(mime) if mime else ("image/jpeg" if name == "photo" else None),
+            )
+        )
+    return tuple(items)
+
+
+def parse_message(update_id: int, message: TelegramMessage) -> InboundMessage:
+    """A Telegram message as every channel gives it."""
+    text = (message.text or message.caption or "").strip()
+    sender = message.sender
+    name = None
+    if sender is not None:
+        name = " ".join(p for p in (sender.first_name, sender.last_name) if p).strip() or None
+    return InboundMessage(
+        customer_id=str(message.chat.id),
+        provider_message_id=str(update_id),
+        text=text,
+        display_name=name,
+        handle=sender.username if sender is not None else None,
+        language_hint=sender.language_code if sender is not None else None,
+        media=_media(message),
+        command="start" if _is_start(message.text or "") else None,
+        extra={"message_id": message.message_id},
+    )
+
+
+def _is_start(text: str) -> bool:
+    command = text.split(maxsplit=1)[0] if text.strip() else ""
+    return command == "/start" or command.startswith("/start@")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,30 +186,108 @@ async def store_update(inbox: Inbox, agent: Agent, data: dict[str, Any]) -> Hand
     """
     data = clean_payload(data)  # a "\u0000" anywhere would make the jsonb row fail
     update = validated(TelegramUpdate, data, "not a Telegram Update: ")
-    message, media_only, kind = _classify(update, data)
+    message, kind = _classify(update, data)
     if message is None:
         return Handled("ignored", update.update_id, kind)
-    added = await inbox.add(
-        agent.id,
-        CHANNEL,
-        str(update.update_id),
-        str(message.chat.id),
-        {**data, "media_only": media_only},
-    )
+    added = await inbox.add(agent.id, CHANNEL, parse_message(update.update_id, message), data)
     return Handled("stored" if added else "duplicate", update.update_id, kind)
 
 
-class TelegramChannel:
-    def __init__(self, agents: Agents, inbox: Inbox, settings: Settings) -> None:
-        self._agents = agents
-        self._inbox = inbox
-        self._settings = settings
+class TelegramBot(ChannelBase):
+    """Telegram's Bot API."""
+
+    name = CHANNEL
+    title = "Telegram"
+    block = "telegram"
+    credential_fields = (
+        CredentialField(
+            "bot_token",
+            "Bot token",
+            "telegram_bot_token",
+            secret=True,
+            pattern=r"[0-9]{1,20}:[A-Za-z0-9_-]{20,100}",
+            help="the token @BotFather gave, such as 123456789:AAH...",
+        ),
+        CredentialField(
+            "webhook_secret",
+            "Webhook secret",
+            "telegram_webhook_secret",
+            secret=True,
+            required=True,
+            pattern=r"[A-Za-z0-9_-]{1,256}",
+            help="1-256 characters of A-Z, a-z, 0-9, _ and -",
+        ),
+    )
+    limit = TelegramSender.limit
+    writing_rule = (
+        "You are writing a Telegram message: plain sentences and short paragraphs, "
+        "no Markdown tables."
+    )
+    webhooks: Sequence[WebhookDoc] = (
+        WebhookDoc(
+            "post",
+            "/webhooks/telegram/{agent}",
+            "telegram_webhook",
+            "Telegram Bot API webhook (JSON Update, X-Telegram-Bot-Api-Secret-Token)",
+            "application/json",
+        ),
+    )
+
+    def routes(self, context: ChannelContext) -> list[web.RouteDef]:
+        return [web.post("/webhooks/telegram/{agent}", TelegramWebhook(self, context).webhook)]
+
+    def bot_token(self, agent: Agent, settings: Settings) -> str | None:
+        """The token replies are sent with: the agent's own bot, else the environment's."""
+        if agent.settings.get(self.block) is None:
+            token = settings.telegram_bot_token
+            return token.get_secret_value() or None if token is not None else None
+        return self.credentials(agent, settings).text("bot_token")
+
+    def sender_spec(self, agent: Agent, settings: Settings) -> SenderSpec | None:
+        try:
+            token = self.bot_token(agent, settings)
+        except ChannelNotConfigured:
+            return None
+        if token is None:
+            return None
+        return SenderSpec(
+            (token,),
+            lambda: TelegramSender(
+                token,
+                api_base=str(settings.telegram_api_base),
+                timeout=settings.telegram_send_timeout_seconds,
+            ),
+        )
+
+    async def fetch_media(
+        self, http: aiohttp.ClientSession, agent: Agent, settings: Settings, ref: str
+    ) -> tuple[bytes, str]:
+        """An attachment by its ``file_id``: ``getFile``, then the file itself."""
+        token = self.bot_token(agent, settings)
+        if token is None:
+            raise ChannelNotConfigured(f"no Telegram bot token for agent {agent.slug!r}")
+        sender = TelegramSender(token, api_base=str(settings.telegram_api_base))
+        try:
+            return await sender.download(
+                ref, max_bytes=settings.media_max_bytes, within=settings.media_timeout_seconds
+            )
+        finally:
+            await sender.close()
+
+
+class TelegramWebhook:
+    def __init__(self, channel: TelegramBot, context: ChannelContext) -> None:
+        self._channel = channel
+        self._context = context
+        self._settings = context.settings
 
     async def webhook(self, request: web.Request) -> web.Response:
         """``POST /webhooks/telegram/{agent}``: one Update from the Bot API."""
-        agent = await find_agent(self._agents, request.match_info["agent"])
+        agent = await find_agent(self._context.agents, request.match_info["agent"])
         self._verify(agent, request)
-        handled = await store_update(self._inbox, agent, _json_object(await read_json(request)))
+        handled = await store_update(
+            self._context.inbox, agent, _json_object(await read_json(request))
+        )
         if handled.outcome == "ignored":
             log.info("telegram.webhook.ignored agent=%s kind=%s", agent.slug, handled.kind)
         else:
@@ -161,7 +303,7 @@ class TelegramChannel:
     def _verify(self, agent: Agent, request: web.Request) -> None:
         """403 unless the request is JSON with the agent's secret, checked before parsing."""
         try:
-            secret = telegram_credentials(agent, self._settings).webhook_secret
+            secret = self._credentials(agent).secret("webhook_secret")
         except ChannelNotConfigured:
             log.warning("telegram.webhook.rejected agent=%s reason=not_configured", agent.slug)
             raise
@@ -170,15 +312,21 @@ class TelegramChannel:
         if request.content_type != "application/json":
             reason = "content_type"
         elif not hmac.compare_digest(
-            given.encode(errors="replace"), secret.get_secret_value().encode()
+            given.encode(errors="replace"), secret.get_secret_value().encode() if secret else b""
         ):
             reason = "missing_secret" if not given else "wrong_secret"
         if reason is not None:
             log.warning("telegram.webhook.rejected agent=%s reason=%s", agent.slug, reason)
             raise Forbidden(f"not a webhook call from Telegram ({reason})")
 
+    def _credentials(self, agent: Agent) -> Credentials:
+        return self._channel.credentials(agent, self._settings)
+
 
 def _json_object(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidInput("a Telegram Update is a JSON object")
     return data
+
+
+TELEGRAM = TelegramBot()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import mimetypes
 import warnings
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -26,7 +27,9 @@ from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.citations import telegram_html
-from channels.delivery import DeliveryError, Sent, deliver_parts, keep_typing, split_message
+from channels.delivery import keep_typing
+from core.delivery import DeliveryError, Sent, too_long
+from core.errors import MediaUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,13 +131,34 @@ class TelegramSender:
             for name in _LOGGERS_WITH_URLS:
                 logging.getLogger(name).removeFilter(self._redact)
 
-    async def send(self, recipient: str | int, text: str, *, skip: int = 0) -> list[Sent]:
-        """Send ``text`` to chat ``recipient`` in parts of ≤ 4096 characters, in order."""
+    async def send(self, recipient: str | int, text: str) -> Sent:
+        """Send one part (≤ 4096 characters) to chat ``recipient``."""
+        if len(text) > self.limit:
+            raise too_long(text, self.limit)
         bot = await self.start()
-        parts = split_message(text, self.limit)
-        return await deliver_parts(
-            parts, lambda part: self._send_part(bot, recipient, part), skip=skip
-        )
+        return await self._send_part(bot, recipient, text)
+
+    async def download(self, file_id: str, *, max_bytes: int, within: float) -> tuple[bytes, str]:
+        """A file a customer sent (``getFile``, then the file), with its content type; a
+        `core.media.MediaUnavailable` when it is larger than ``max_bytes`` or too slow."""
+        bot = await self.start()
+        try:
+            async with asyncio.timeout(within):
+                found = await bot.get_file(file_id)
+                if found.file_size is not None and found.file_size > max_bytes:
+                    raise MediaUnavailable("too_large", transient=False)
+                data = bytes(await found.download_as_bytearray())
+        except TimeoutError:
+            raise MediaUnavailable("timeout", transient=True) from None
+        except TelegramError as exc:
+            error = self._classify(exc)
+            raise MediaUnavailable(
+                f"telegram_{error.code}", transient=not error.permanent
+            ) from None
+        if len(data) > max_bytes:
+            raise MediaUnavailable("too_large", transient=False)
+        kind = mimetypes.guess_type(found.file_path or "")[0] or "application/octet-stream"
+        return data, kind
 
     async def typing(self, chat_id: str | int) -> None:
         """Show "typing..." in the chat for up to 5 seconds."""
@@ -143,7 +167,7 @@ class TelegramSender:
         action = bot.send_chat_action(chat_id, ChatAction.TYPING, read_timeout=limit)
         await self._checked(action, within=limit)
 
-    async def keep_typing(self, chat_id: str | int, until: asyncio.Event) -> None:
+    async def keep_typing(self, chat_id: str, message_id: str | None, until: asyncio.Event) -> None:
         """Show "typing..." until ``until`` is set (while an answer is being generated)."""
         await keep_typing(lambda: self.typing(chat_id), until, interval=self._typing_interval)
 

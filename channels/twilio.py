@@ -17,22 +17,26 @@ import logging
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+import aiohttp
 from aiohttp import web
 from multidict import MultiDictProxy
 from twilio.request_validator import RequestValidator
 
-from channels.credentials import ChannelNotConfigured, twilio_credentials
+from channels.base import ChannelBase, ChannelContext, SenderSpec, WebhookDoc
+from channels.credentials import ChannelNotConfigured, CredentialField, Credentials
 from channels.inbound import find_agent, read_form
+from channels.twilio_send import TwilioSender
 from core.errors import AgentNotFound, Forbidden, InvalidInput
+from core.inbound import InboundMessage, MediaItem, MediaKind
+from core.media import fetch_media
 from core.settings import Settings
-from core.store.agents import Agent, Agents
-from core.store.inbox import Inbox
-from core.store.outbox import Outbox
+from core.store.agents import Agent
 from core.turns import clean_text
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "whatsapp"
+FORM_TYPE = "application/x-www-form-urlencoded"
 SIGNATURE_HEADER = "X-Twilio-Signature"
 # Any other body (text/plain, JSON) would reach the user as a message or raise a warning.
 EMPTY_TWIML = '<?xml version="1.0" encoding="UTF-8"?><Response/>'
@@ -85,9 +89,34 @@ def _text(fields: dict[str, str | list[str]], name: str, limit: int) -> str | No
 
 def _num_media(value: str | list[str] | None) -> int:
     try:
-        return int(value) if isinstance(value, str) else 0
+        return max(0, min(int(value), 10)) if isinstance(value, str) else 0
     except ValueError:
         return 0
+
+
+def _media_kind(content_type: str | None) -> MediaKind:
+    major = (content_type or "").split("/", 1)[0]
+    if major in ("audio", "image", "video"):
+        return major  # type: ignore[return-value]
+    return "document" if major == "application" else "other"
+
+
+def parse_message(fields: dict[str, str | list[str]], sid: str, sender: str) -> InboundMessage:
+    """A Twilio WhatsApp message as every channel gives it."""
+    body = fields.get("Body")
+    media = []
+    for n in range(_num_media(fields.get("NumMedia"))):
+        url = _text(fields, f"MediaUrl{n}", 2000)
+        if url is not None:
+            kind = _text(fields, f"MediaContentType{n}", 200)
+            media.append(MediaItem(_media_kind(kind), url, kind))
+    return InboundMessage(
+        customer_id=sender,
+        provider_message_id=sid,
+        text=body.strip() if isinstance(body, str) else "",
+        display_name=_text(fields, "ProfileName", 200),
+        media=tuple(media),
+    )
 
 
 # Twilio's message statuses, mapped onto the outbox's; others (accepted, scheduled) are ignored.
@@ -102,17 +131,117 @@ _STATUSES = {
 }
 
 
-class TwilioChannel:
-    def __init__(self, agents: Agents, inbox: Inbox, outbox: Outbox, settings: Settings) -> None:
-        self._agents = agents
-        self._inbox = inbox
-        self._outbox = outbox
-        self._settings = settings
+class TwilioWhatsApp(ChannelBase):
+    """WhatsApp through Twilio's Messaging API."""
+
+    name = CHANNEL
+    title = "WhatsApp (Twilio)"
+    block = "twilio"
+    credential_fields = (
+        CredentialField(
+            "account_sid",
+            "Twilio account SID",
+            "twilio_account_sid",
+            pattern=r"AC[0-9a-fA-F]{32}",
+            help="AC followed by 32 hexadecimal digits",
+        ),
+        CredentialField(
+            "auth_token", "Twilio auth token", "twilio_auth_token", secret=True, required=True
+        ),
+        CredentialField(
+            "whatsapp_from",
+            "WhatsApp number",
+            "twilio_whatsapp_from",
+            pattern=r"(whatsapp:)?\+[1-9][0-9]{6,14}",
+            help="the sending number in international form, such as whatsapp:+14155238886",
+        ),
+    )
+    limit = TwilioSender.limit
+    writing_rule = (
+        "You are writing a WhatsApp message: plain text, *bold* allowed, no tables, "
+        "no headings, short paragraphs."
+    )
+    customer_window_hours = 24.0
+    webhooks = (
+        WebhookDoc(
+            "post",
+            "/webhooks/twilio/{agent}",
+            "twilio_webhook",
+            "Twilio WhatsApp webhook (form-encoded, signed with X-Twilio-Signature)",
+            FORM_TYPE,
+        ),
+        WebhookDoc(
+            "post",
+            "/webhooks/twilio/status",
+            "twilio_status",
+            "Twilio delivery-status callback",
+            FORM_TYPE,
+        ),
+    )
+
+    def routes(self, context: ChannelContext) -> list[web.RouteDef]:
+        hooks = TwilioWebhooks(self, context)
+        # The status route first, or an agent named "status" would shadow it.
+        return [
+            web.post("/webhooks/twilio/status", hooks.status),
+            web.post("/webhooks/twilio/{agent}", hooks.webhook),
+        ]
+
+    def sender_spec(self, agent: Agent, settings: Settings) -> SenderSpec | None:
+        try:
+            credentials = self.credentials(agent, settings)
+        except ChannelNotConfigured:
+            return None
+        sid, sender_from = credentials.text("account_sid"), credentials.text("whatsapp_from")
+        token = credentials.text("auth_token")
+        if not sid or not sender_from or not token:
+            return None
+        callback = None
+        if settings.public_url:
+            # Verified with the agent's credentials, and changes only its messages.
+            callback = f"{settings.public_url}/webhooks/twilio/status?agent={agent.slug}"
+        return SenderSpec(
+            (sid, token, sender_from, callback or ""),
+            lambda: TwilioSender(
+                sid,
+                token,
+                sender_from,
+                api_base=str(settings.twilio_api_base),
+                status_callback=callback,
+                timeout=settings.twilio_send_timeout_seconds,
+            ),
+        )
+
+    async def fetch_media(
+        self, http: aiohttp.ClientSession, agent: Agent, settings: Settings, ref: str
+    ) -> tuple[bytes, str]:
+        """A media URL of the message, fetched with the account's Basic auth (Twilio then
+        redirects to a short-lived signed URL, fetched without it)."""
+        credentials = self.credentials(agent, settings)
+        sid, token = credentials.text("account_sid"), credentials.text("auth_token")
+        auth = (sid, token) if sid and token else None
+        media = await fetch_media(
+            http,
+            ref,
+            auth=auth,
+            max_bytes=settings.media_max_bytes,
+            timeout=settings.media_timeout_seconds,
+        )
+        return media.data, media.content_type
+
+
+class TwilioWebhooks:
+    """The webhook handlers, with what they work with."""
+
+    def __init__(self, channel: TwilioWhatsApp, context: ChannelContext) -> None:
+        self._channel = channel
+        self._context = context
+        self._settings = context.settings
 
     async def status(self, request: web.Request) -> web.Response:
         """``POST /webhooks/twilio/status[?agent=A]``: a delivery report for a sent reply."""
         slug = request.query.get("agent")
-        agent = await find_agent(self._agents, slug) if slug else None
+        agent = await find_agent(self._context.agents, slug) if slug else None
         fields = _fields(await self._verified_form(agent, request))
         sid = _text(fields, "MessageSid", MAX_SID_CHARS)
         reported = fields.get("MessageStatus")
@@ -121,7 +250,7 @@ class TwilioChannel:
         status = _STATUSES.get(reported.lower())
         if status is not None:
             senders = [agent.id] if agent is not None else await self._environment_senders(sid)
-            applied = await self._outbox.record_status(
+            applied = await self._context.outbox.record_status(
                 CHANNEL,
                 sid,
                 status,
@@ -141,10 +270,10 @@ class TwilioChannel:
         """The agents that sent message ``sid`` with the environment's Twilio account: those
         whose reports a callback verified with the environment's credentials may change."""
         senders = []
-        for agent_id in await self._outbox.agents_of(CHANNEL, sid):
+        for agent_id in await self._context.outbox.agents_of(CHANNEL, sid):
             try:
-                agent = await self._agents.by_id(agent_id)
-                if twilio_credentials(agent, self._settings).source == "environment":
+                agent = await self._context.agents.by_id(agent_id)
+                if self._credentials(agent).source == "environment":
                     senders.append(agent_id)
             except (AgentNotFound, ChannelNotConfigured):
                 continue
@@ -152,7 +281,7 @@ class TwilioChannel:
 
     async def webhook(self, request: web.Request) -> web.Response:
         """``POST /webhooks/twilio/{agent}``: an incoming WhatsApp message."""
-        agent = await find_agent(self._agents, request.match_info["agent"])
+        agent = await find_agent(self._context.agents, request.match_info["agent"])
         form = await self._verified_form(agent, request)
         fields = _fields(form)
         if "MessageStatus" in fields:
@@ -166,18 +295,14 @@ class TwilioChannel:
                 f"a Twilio message webhook needs MessageSid (at most {MAX_SID_CHARS} "
                 f"characters) and From (at most {MAX_SENDER_CHARS})"
             )
-        body = fields.get("Body")
-        media_only = _num_media(fields.get("NumMedia")) > 0 and not (
-            isinstance(body, str) and body.strip()
-        )
-        payload = {**fields, "media_only": media_only}
-        added = await self._inbox.add(agent.id, CHANNEL, sid, sender, payload)
+        message = parse_message(fields, sid, sender)
+        added = await self._context.inbox.add(agent.id, CHANNEL, message, fields)
         log.info(
-            "twilio.webhook.%s agent=%s sid=%s media_only=%s",
+            "twilio.webhook.%s agent=%s sid=%s media=%d",
             "stored" if added else "duplicate",
             agent.slug,
             sid,
-            media_only,
+            len(message.media),
         )
         return _twiml()
 
@@ -189,7 +314,7 @@ class TwilioChannel:
         callbacks), the environment's credentials are used."""
         name = agent.slug if agent else "-"
         try:
-            credentials = twilio_credentials(agent, self._settings)
+            credentials = self._credentials(agent)
         except ChannelNotConfigured:
             log.warning("twilio.webhook.rejected agent=%s reason=not_configured", name)
             raise
@@ -202,10 +327,13 @@ class TwilioChannel:
         except InvalidInput:
             log.warning("twilio.webhook.rejected agent=%s reason=malformed", name)
             raise
-        validator = RequestValidator(credentials.auth_token.get_secret_value())
+        validator = RequestValidator(credentials.text("auth_token"))
         if not validator.validate(url, form, signature):
             _reject(name, "invalid_signature", credentials.source)
         return form
+
+    def _credentials(self, agent: Agent | None) -> Credentials:
+        return self._channel.credentials(agent, self._settings)
 
 
 def _reject(agent: str, reason: str, credentials: str) -> NoReturn:
@@ -217,3 +345,6 @@ def _reject(agent: str, reason: str, credentials: str) -> NoReturn:
 
 def _twiml() -> web.Response:
     return web.Response(text=EMPTY_TWIML, content_type="text/xml")
+
+
+TWILIO = TwilioWhatsApp()

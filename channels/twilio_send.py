@@ -16,7 +16,8 @@ from twilio.http.async_http_client import AsyncTwilioHttpClient
 from twilio.http.response import Response
 from twilio.rest import Client
 
-from channels.delivery import DeliveryError, Sent, deliver_parts, parse_retry_after, split_message
+from channels.delivery import parse_retry_after
+from core.delivery import DeliveryError, Sent, too_long
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +168,12 @@ class TwilioSender:
         if http is not None:
             await http.close()
 
-    async def send(self, recipient: str, text: str, *, skip: int = 0) -> list[Sent]:
-        """Send ``text`` to ``recipient`` (``whatsapp:+E164``) in parts of ≤ 1600 characters."""
+    async def send(self, recipient: str, text: str) -> Sent:
+        """Send one part (≤ 1600 characters) to ``recipient`` (``whatsapp:+E164``)."""
+        if len(text) > self.limit:
+            raise too_long(text, self.limit)
         await self.start()
-        parts = split_message(text, self.limit)
-        return await deliver_parts(parts, lambda part: self._send_part(recipient, part), skip=skip)
+        return await self._send_part(recipient, text)
 
     async def find_sent(self, recipient: str, text: str, since: datetime) -> list[Sent]:
         """Messages with body ``text`` that Twilio accepted for ``recipient`` from this sender

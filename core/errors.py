@@ -12,6 +12,9 @@ The hierarchy::
     │   ├── CacheUnavailable        Redis (readiness reports it; requests never see it)
     │   ├── ModelFailed             the language model failed a request; ``transient`` says
     │   │                           whether trying again later may work
+    │   ├── MediaUnavailable        an inbound media file could not be downloaded
+    │   │                           (core/media.py); ``reason`` says why, ``transient``
+    │   │                           whether trying again later may work
     │   └── AdminDisabled           no admin token and no staff account: nobody can sign in
     ├── InvalidInput                a request or a command argument is malformed
     ├── NotFound                    something named does not exist
@@ -67,6 +70,25 @@ class ModelFailed(Unavailable):
 
     def __init__(self, message: str, *, transient: bool = True) -> None:
         super().__init__(message)
+        self.transient = transient
+
+
+class MediaUnavailable(Unavailable):
+    """An inbound media file (a voice note, a photo) could not be downloaded.
+
+    ``reason`` is short, stable and safe to log (never the URL, which may carry a signature):
+    ``too_large`` (a Content-Length or a body above the limit), ``timeout`` (the whole
+    download, redirects included, took too long), ``connection`` (no connection, or it broke
+    off), ``http_<status>`` (e.g. ``http_404``), ``redirect`` (more than allowed, without a
+    Location, to a scheme other than http(s), or from https down to http) or ``url`` (not an
+    http(s) URL to begin with). ``transient`` (a timeout, a failed connection, a 408, 429 or
+    5xx answer) means the same download may work later; the others never will."""
+
+    code = "media_unavailable"
+
+    def __init__(self, reason: str, *, transient: bool) -> None:
+        super().__init__(f"media unavailable: {reason}")
+        self.reason = reason
         self.transient = transient
 
 

@@ -13,24 +13,24 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
 
-from core.errors import InvalidInput, Unavailable
+from core.delivery import Channels, Template
+from core.errors import Conflict, InvalidInput, Unavailable
 from core.store.handoff import (
     FEED_CHANNEL,
-    REACHABLE,
+    LIVE_CHANNEL,
     ConversationState,
     FeedMessage,
     HandoffStore,
 )
 
 log = logging.getLogger(__name__)
-
-Splitter = Callable[[str], Sequence[str]]
 
 
 class Forgetful(Protocol):
@@ -53,22 +53,24 @@ def _staff_name(staff: str) -> str:
 class Handoff:
     """Taking a conversation over, replying in it and handing it back.
 
-    ``splitters`` split a reply into the parts a messaging app is sent (core imports no
-    channel, so the gateway passes them, as for the inbox worker); without one a reply is
-    a single part. Replies reach the widget live through `ConversationFeed`, and WhatsApp
-    and Telegram through the outbox. ``memory`` forgets what it cached of a conversation
-    that staff wrote in, so the bot, once back, reads what staff said.
+    ``channels`` are the messaging channels' rules (core imports no channel, so the gateway
+    passes its registry, as for the inbox worker): how a reply is cut into the parts a
+    messaging app is sent, and how long after the customer's last message a free-form reply
+    may still go out (WhatsApp: 24 hours; after that only an approved template). Replies
+    reach the widget live through `ConversationFeed`, and messaging apps through the outbox.
+    ``memory`` forgets what it cached of a conversation that staff wrote in, so the bot,
+    once back, reads what staff said.
     """
 
     def __init__(
         self,
         pool: asyncpg.Pool,
         *,
-        splitters: Mapping[str, Splitter] | None = None,
+        channels: Channels | None = None,
         memory: Forgetful | None = None,
     ) -> None:
         self._store = HandoffStore(pool)
-        self._splitters = dict(splitters or {})
+        self._channels = dict(channels or {})
         self._memory = memory
 
     async def state(self, conversation_id: int) -> ConversationState:
@@ -78,7 +80,7 @@ class Handoff:
         """The bot is paused for this conversation until `hand_back`; the visitor is told."""
         name = _staff_name(staff)
         state = await self._store.conversation(conversation_id)
-        if state.channel not in REACHABLE:
+        if state.channel != LIVE_CHANNEL and state.channel not in self._channels:
             raise InvalidInput(f"staff cannot reach a visitor on the {state.channel} channel")
         if await self._store.change_status(conversation_id, "staff", author=name):
             log.info("handoff.taken_over conversation_id=%d", conversation_id)
@@ -105,10 +107,65 @@ class Handoff:
         log.info("handoff.replied conversation_id=%d message_id=%d", conversation_id, message_id)
         return message_id
 
-    def _split(self, channel: str, text: str) -> list[str]:
-        split = self._splitters.get(channel)
-        parts = list(split(text)) if split is not None else [text]
-        return [p for p in parts if p.strip()]
+    def window_closed_at(self, state: ConversationState) -> datetime | None:
+        """When the channel's customer window closed (None: it is open, or has none)."""
+        rules = self._channels.get(state.channel)
+        hours = rules.customer_window_hours if rules is not None else None
+        if hours is None or state.customer_wrote_at is None:
+            return None
+        closes = state.customer_wrote_at + timedelta(hours=hours)
+        return closes if closes <= datetime.now(UTC) else None
+
+    def _split(self, state: ConversationState, text: str) -> list[str] | None:
+        rules = self._channels.get(state.channel)
+        if rules is None:
+            return None
+        closed = self.window_closed_at(state)
+        if closed is not None:
+            raise Conflict(
+                f"the customer last wrote more than {rules.customer_window_hours:g} hours ago: "
+                f"{state.channel} only delivers an approved template now; send one instead"
+            )
+        return [p for p in rules.reply_parts(text) if p.strip()]
+
+    async def send_template(
+        self, conversation_id: int, template: Template, values: Sequence[str], staff: str
+    ) -> int:
+        """Send an approved template (outside the customer window, or any time); the text
+        stored in the conversation is the template's, filled in, so the bot's memory of the
+        next turn sees what the customer read. Returns the stored message's id."""
+        name = _staff_name(staff)
+        if len(values) != template.variables:
+            raise InvalidInput(
+                f"template {template.name!r} takes {template.variables} values, not {len(values)}"
+            )
+        if any(not v.strip() or len(v) > 1000 for v in values):
+            raise InvalidInput("each template value needs 1-1000 characters")
+        text = template.render([v.strip() for v in values])
+
+        def parts(state: ConversationState, _: str) -> list[str] | None:
+            if state.channel not in self._channels:
+                raise InvalidInput(f"{state.channel} conversations have no templates")
+            return [text]
+
+        message_id = await self._store.add_staff_reply(
+            conversation_id,
+            text,
+            name,
+            parts,
+            template={
+                "name": template.name,
+                "provider_id": template.provider_id,
+                "language": template.language,
+                "values": [v.strip() for v in values],
+            },
+        )
+        if self._memory is not None:
+            await self._memory.forget(conversation_id)
+        log.info(
+            "handoff.template_sent conversation_id=%d message_id=%d", conversation_id, message_id
+        )
+        return message_id
 
 
 class Follower:

@@ -139,3 +139,21 @@ class ChatModel(Protocol):
     ) -> str:
         """The whole reply at once (rewrites, summaries)."""
         ...
+
+
+class Transcriber(Protocol):
+    """Speech to text (voice notes); failures raise `core.errors.ModelFailed`, which says
+    whether trying again later may work."""
+
+    @property
+    def model(self) -> str: ...
+
+    async def transcribe(
+        self, audio: bytes, *, content_type: str, filename: str | None = None
+    ) -> str:
+        """The words spoken in ``audio`` (e.g. ``audio/ogg``), stripped; empty when none.
+        Without ``filename`` one is made from ``content_type`` (the API reads the format from
+        the file name's extension)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -173,6 +173,13 @@ class Settings(BaseSettings):
     # Conversation summaries (core/memory): default model is the rewrite model, else the main.
     summary_model: str | None = None
     summary_timeout_ms: int = Field(8000, ge=100, le=60000)
+    # Voice notes: the speech-to-text model at the LLM's API (e.g. whisper-1 or
+    # gpt-4o-mini-transcribe; core/transcribe.py); unset: nothing is transcribed.
+    transcribe_model: str | None = None
+    # An inbound media file (core/media.py) larger than this, or slower than this to download
+    # (redirects included), is not read. WhatsApp's own limit for audio is 16 MB.
+    media_max_bytes: int = Field(16 * 1024 * 1024, ge=1, le=100 * 1024 * 1024)
+    media_timeout_seconds: float = Field(20.0, gt=0, le=300)
 
     embed_provider: Literal["use", "openai"] = "use"
     embed_model: str | None = None
@@ -215,6 +222,24 @@ class Settings(BaseSettings):
     # the 8 s its Bot API server may itself wait (flood control) before it answers.
     twilio_send_timeout_seconds: float = Field(15.0, gt=0, le=50)
     telegram_send_timeout_seconds: float = Field(30.0, gt=8, le=50)
+    # WhatsApp through Meta's Cloud API (channels/meta.py), the environment's default for
+    # every agent: the app secret signs webhooks (X-Hub-Signature-256), the verify token
+    # answers Meta's subscription check, the access token and phone number id send.
+    meta_app_secret: SecretStr | None = Field(
+        None, validation_alias=_env("META_APP_SECRET", "meta_app_secret")
+    )
+    meta_verify_token: SecretStr | None = Field(
+        None, validation_alias=_env("META_VERIFY_TOKEN", "meta_verify_token")
+    )
+    meta_access_token: SecretStr | None = Field(
+        None, validation_alias=_env("META_ACCESS_TOKEN", "meta_access_token")
+    )
+    meta_phone_number_id: str | None = Field(
+        None, validation_alias=_env("META_PHONE_NUMBER_ID", "meta_phone_number_id")
+    )
+    meta_api_base: HttpUrl = "https://graph.facebook.com"
+    meta_api_version: str = Field("v21.0", pattern=r"^v[0-9]{1,3}\.[0-9]{1,3}$")
+    meta_send_timeout_seconds: float = Field(15.0, gt=0, le=50)
     # WhatsApp / Telegram turns one worker process has in flight at once (`parley worker
     # --concurrency N`); most of them wait on the model, which costs them no work slot.
     worker_concurrency: int = Field(256, ge=1, le=1024)

@@ -9,7 +9,9 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-Channel = Literal["web", "api", "whatsapp", "telegram", "playground", "test"]
+# A channel's name: "web", "api", "playground", "test", or a messaging channel's as its
+# registry names it ("whatsapp", "telegram", "meta"); stored with the conversation.
+Channel = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 EventKind = Literal["status", "token", "sources", "done", "error"]
 
 MAX_MESSAGE_CHARS = 4000
@@ -71,6 +73,8 @@ class TurnRequest(BaseModel):
     overrides: Mapping[str, Any] | None = None  # playground only
     already_saved: bool = False  # the visitor's message is stored already (durable channels)
     writing_rule: str | None = None  # the channel's formatting rule, last in the prompt
+    # Voice notes the text was transcribed from: {"media": link, "transcript": words}.
+    voice: tuple[Mapping[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,51 +7,42 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 
-import aiohttp
 from aiohttp import web
 
 from channels.api import ApiChannel
-from channels.telegram import TelegramChannel
-from channels.twilio import TwilioChannel
+from channels.base import ChannelContext
+from channels.registry import BY_NAME, CHANNELS
 from channels.web import WebChannel
 from channels.web_events import WidgetEvents
-from core.answer.factory import build_pipeline
 from core.answer.question import load_language_models
-from core.cache import open_cache
 from core.handoff import ConversationFeed, Handoff
-from core.llm.limits import ModelLimits
-from core.llm.openai_chat import close_chat_model, open_chat_model
-from core.retrieval.embedders import EmbedderIdentity, close_embedder, open_embedder
 from core.settings import Settings
-from core.store import Agents, open_database
 from core.store.api_keys import ApiKeys
 from core.store.inbox import Inbox
 from core.store.outbox import Outbox
-from core.store.vector_index import check_embedders
 from gateway import health, routes
 from gateway.admin.setup import setup_admin
 from gateway.client_address import PROXY_TRUST, ProxyTrust, client_address
 from gateway.demo import DemoSite, demo_routes, widget_routes
-from gateway.durable import reply_splitters
 from gateway.keys import (
+    ANSWERING,
     API_CHANNEL,
     CACHE,
+    CHANNEL_CONTEXT,
     CONVERSATION_FEED,
     DATABASE,
     EMBEDDER,
     HANDOFF,
     HTTP,
     METRICS,
-    MODEL_LIMITS,
+    RUNTIME,
     SETTINGS,
-    TELEGRAM_CHANNEL,
-    TWILIO_CHANNEL,
     WEB_CHANNEL,
     WIDGET_EVENTS,
 )
 from gateway.metrics import HttpMetrics
 from gateway.middlewares import body_deadline, errors, metrics, request_context
-from gateway.runtime import HTTP_TIMEOUT, Runtime
+from gateway.runtime import open_answering, open_runtime
 from gateway.worker import start_services, stop_services
 
 log = logging.getLogger(__name__)
@@ -60,43 +51,28 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1024 * 1024
 # How long turns still streaming at shutdown get to finish and be saved.
 TURN_DRAIN_SECONDS = 10.0
-# Then summaries still being written get this long; the catch-up job does the rest.
-SUMMARY_DRAIN_SECONDS = 5.0
-# Agents are looked up on every turn; a changed setting applies within this many seconds.
-AGENT_FRESH_SECONDS = 5.0
 # Connections for the gateway: a turn may hold two at once (vector and full-text search).
 POOL_SIZE = 20
 
 
-async def _embedder(app: web.Application) -> AsyncIterator[None]:
-    embedder = await open_embedder(app[SETTINGS])
-    await asyncio.to_thread(load_language_models)
-    app[EMBEDDER] = embedder
-    yield
-    await close_embedder(embedder)
-
-
-async def _database(app: web.Application) -> AsyncIterator[None]:
-    database = await open_database(app[SETTINGS], max_size=POOL_SIZE)
-    try:
-        async with database.pool.acquire() as conn:
-            await check_embedders(conn, EmbedderIdentity.of(app[EMBEDDER]))
-        app[DATABASE] = database
-        yield
-    finally:
-        await database.close()
-
-
-async def _cache(app: web.Application) -> AsyncIterator[None]:
-    cache = await open_cache(app[SETTINGS])
-    app[CACHE] = cache
-    yield
-    await cache.close()
-
-
-async def _http_session(app: web.Application) -> AsyncIterator[None]:
-    async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
-        app[HTTP] = session
+async def _runtime(app: web.Application) -> AsyncIterator[None]:
+    """The process's resources and its one answer side (`gateway.runtime`), shared by the
+    channels, the admin API and the in-process workers."""
+    settings = app[SETTINGS]
+    async with (
+        open_runtime(settings, pool_size=POOL_SIZE) as runtime,
+        open_answering(runtime) as answering,
+    ):
+        await asyncio.to_thread(load_language_models)
+        app[RUNTIME] = runtime
+        app[ANSWERING] = answering
+        app[DATABASE] = runtime.database
+        app[CACHE] = runtime.cache
+        app[EMBEDDER] = runtime.embedder
+        app[HTTP] = runtime.http
+        app[CHANNEL_CONTEXT].bind(
+            runtime.agents, Inbox(runtime.database.pool), Outbox(runtime.database.pool)
+        )
         yield
 
 
@@ -116,44 +92,26 @@ async def _end_streams(app: web.Application) -> None:
 
 
 async def _channels(app: web.Application) -> AsyncIterator[None]:
-    """The answer pipeline and the HTTP channels that hand turns to it."""
-    settings = app[SETTINGS]
-    pool = app[DATABASE].pool
-    chat = open_chat_model(settings)
-    agents = Agents(pool, fresh_for=AGENT_FRESH_SECONDS)
-    pipeline = build_pipeline(
-        settings,
-        pool,
-        app[CACHE],
-        app[EMBEDDER],
-        app[HTTP],
-        chat,
-        agents,
-        limits=app[MODEL_LIMITS],
-    )
+    """The HTTP channels that hand turns to the one pipeline."""
+    answering = app[ANSWERING]
+    runtime = answering.runtime
+    pool, agents, pipeline = runtime.database.pool, runtime.agents, answering.pipeline
     app[WEB_CHANNEL] = WebChannel(
-        pipeline, agents, app[CACHE], settings.public_url, client_address=client_address
+        pipeline, agents, runtime.cache, runtime.settings.public_url, client_address=client_address
     )
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
-    app[WIDGET_EVENTS] = WidgetEvents(app[WEB_CHANNEL], agents, app[CACHE], app[CONVERSATION_FEED])
-    app[HANDOFF] = Handoff(pool, splitters=reply_splitters(), memory=pipeline.memory)
-    inbox = Inbox(pool)
-    app[TWILIO_CHANNEL] = TwilioChannel(agents, inbox, Outbox(pool), settings)
-    app[TELEGRAM_CHANNEL] = TelegramChannel(agents, inbox, settings)
-    log.info("gateway.answering mode=%s", "llm" if chat else "extractive")
+    app[WIDGET_EVENTS] = WidgetEvents(
+        app[WEB_CHANNEL], agents, runtime.cache, app[CONVERSATION_FEED]
+    )
+    app[HANDOFF] = Handoff(pool, channels=BY_NAME, memory=pipeline.memory)
+    log.info("gateway.answering mode=%s", "llm" if answering.chat else "extractive")
     yield
     await app[WEB_CHANNEL].drain(within=TURN_DRAIN_SECONDS)
-    await pipeline.memory.drain(within=SUMMARY_DRAIN_SECONDS)
-    if chat is not None:
-        await close_chat_model(chat)
 
 
 async def _services(app: web.Application) -> AsyncIterator[None]:
-    """The messaging workers, in-process, sharing the gateway's pool, cache and embedder."""
-    runtime = Runtime(
-        app[SETTINGS], app[DATABASE], app[CACHE], app[EMBEDDER], app[HTTP], app[MODEL_LIMITS]
-    )
-    tasks = start_services(runtime)
+    """The messaging workers, in-process, on the gateway's own pipeline, pool and caches."""
+    tasks = start_services(app[ANSWERING])
     yield
     await stop_services(tasks)
 
@@ -186,8 +144,8 @@ def create_app(
     app[PROXY_TRUST] = ProxyTrust.of(settings)
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
-    app[MODEL_LIMITS] = ModelLimits()
-    app.cleanup_ctx.extend([_embedder, _database, _cache, _http_session, _handoff, _channels])
+    context = app[CHANNEL_CONTEXT] = ChannelContext(settings)
+    app.cleanup_ctx.extend([_runtime, _handoff, _channels])
     app.on_shutdown.append(_end_streams)
     setup_admin(app)
     if background:
@@ -195,6 +153,8 @@ def create_app(
     app.cleanup_ctx.append(_announce)
     app.add_routes(health.routes)
     app.add_routes(routes.channel_routes())
+    for channel in CHANNELS:
+        app.add_routes(channel.routes(context))
     app.add_routes(widget_routes())
     if demo is not None:
         app.add_routes(demo_routes(demo.site_dir, demo.agent, demo.widget_key))

@@ -7,30 +7,30 @@ import jinja2
 from aiohttp import web
 
 from channels.api import ApiChannel
-from channels.telegram import TelegramChannel
-from channels.twilio import TwilioChannel
+from channels.base import ChannelContext
 from channels.web import WebChannel
 from channels.web_events import WidgetEvents
 from core.handoff import ConversationFeed, Handoff
-from core.llm.limits import ModelLimits
 from core.ports import Cache, Embedder
 from core.settings import Settings
 from core.store import Database
 from gateway.admin.services import AdminServices
 from gateway.metrics import HttpMetrics
+from gateway.runtime import Answering, Runtime
 
 SETTINGS = web.AppKey("settings", Settings)
 DATABASE = web.AppKey("database", Database)
 CACHE = web.AppKey("cache", Cache)
 EMBEDDER = web.AppKey("embedder", Embedder)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
-# The per-agent model limits, shared by the widget's pipeline and the in-process workers'.
-MODEL_LIMITS = web.AppKey("model_limits", ModelLimits)
+# The process's resources and its one answer side (pipeline, senders), opened at startup.
+RUNTIME = web.AppKey("runtime", Runtime)
+ANSWERING = web.AppKey("answering", Answering)
+# The messaging channels' stores, bound at startup; their routes are mounted before.
+CHANNEL_CONTEXT = web.AppKey("channel_context", ChannelContext)
 METRICS = web.AppKey("metrics", HttpMetrics)
 WEB_CHANNEL = web.AppKey("web_channel", WebChannel)
 API_CHANNEL = web.AppKey("api_channel", ApiChannel)
-TWILIO_CHANNEL = web.AppKey("twilio_channel", TwilioChannel)
-TELEGRAM_CHANNEL = web.AppKey("telegram_channel", TelegramChannel)
 CONVERSATION_FEED = web.AppKey("conversation_feed", ConversationFeed)
 HANDOFF = web.AppKey("handoff", Handoff)
 WIDGET_EVENTS = web.AppKey("widget_events", WidgetEvents)

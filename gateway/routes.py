@@ -1,4 +1,5 @@
-"""The channels' HTTP routes; each delegates to the channel object built at startup."""
+"""The web widget's and the JSON API's routes; each delegates to the channel object built at
+startup. The messaging channels mount their own (`channels.registry`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ from aiohttp import web
 
 from gateway.keys import (
     API_CHANNEL,
-    TELEGRAM_CHANNEL,
-    TWILIO_CHANNEL,
     WEB_CHANNEL,
     WIDGET_EVENTS,
 )
@@ -37,18 +36,6 @@ async def _turn(request: web.Request) -> web.Response:
     return await request.app[API_CHANNEL].turn(request)
 
 
-async def _twilio(request: web.Request) -> web.Response:
-    return await request.app[TWILIO_CHANNEL].webhook(request)
-
-
-async def _twilio_status(request: web.Request) -> web.Response:
-    return await request.app[TWILIO_CHANNEL].status(request)
-
-
-async def _telegram(request: web.Request) -> web.Response:
-    return await request.app[TELEGRAM_CHANNEL].webhook(request)
-
-
 def channel_routes() -> list[web.RouteDef]:
     return [
         web.post("/api/v1/agents/{agent}/chat", _chat),
@@ -58,8 +45,4 @@ def channel_routes() -> list[web.RouteDef]:
         web.options("/api/v1/agents/{agent}/conversations/clear", _chat_preflight),
         web.post("/api/v1/agents/{agent}/turns", _turn),
         web.delete("/api/v1/agents/{agent}/conversations/{conversation_key}", _api_clear),
-        # Before the agent route, or an agent named "status" would shadow it.
-        web.post("/webhooks/twilio/status", _twilio_status),
-        web.post("/webhooks/twilio/{agent}", _twilio),
-        web.post("/webhooks/telegram/{agent}", _telegram),
     ]

@@ -62,6 +62,27 @@ _PHRASES: _Table = MappingProxyType(
             "it": "Al momento abbiamo difficoltà a rispondere; le risponderemo qui appena "
             "possibile.",
         },
+        # A voice note, and no transcription model configured (or it could not be heard).
+        "type_please": {
+            "en": "Sorry, I can't listen to voice messages. Could you type your question?",
+            "nl": "Sorry, ik kan geen spraakberichten beluisteren. Kun je je vraag typen?",
+            "de": "Entschuldigung, ich kann keine Sprachnachrichten anhören. Kannst du deine "
+            "Frage eintippen?",
+            "fr": "Désolé, je ne peux pas écouter les messages vocaux. Pouvez-vous écrire votre "
+            "question ?",
+            "es": "Lo siento, no puedo escuchar mensajes de voz. ¿Puedes escribir tu pregunta?",
+            "it": "Mi dispiace, non posso ascoltare i messaggi vocali. Puoi scrivere la tua "
+            "domanda?",
+        },
+        # A picture or a file without a caption.
+        "text_only": {
+            "en": "Sorry, I can only read text. Could you type your question?",
+            "nl": "Sorry, ik kan alleen tekst lezen. Kun je je vraag typen?",
+            "de": "Entschuldigung, ich kann nur Text lesen. Kannst du deine Frage eintippen?",
+            "fr": "Désolé, je ne peux lire que du texte. Pouvez-vous écrire votre question ?",
+            "es": "Lo siento, solo puedo leer texto. ¿Puedes escribir tu pregunta?",
+            "it": "Mi dispiace, posso leggere solo testo. Puoi scrivere la tua domanda?",
+        },
     }
 )
 

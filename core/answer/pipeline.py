@@ -14,16 +14,17 @@ from core.answer.confidence import Signals, confidence
 from core.answer.curated import match_curated
 from core.answer.escalation import HandoffPolicy, asks_for_person
 from core.answer.extractive import ExtractiveAnswer, Passage, extractive_answer, subject_of
-from core.answer.gaps import gap_reason, is_deferred
+from core.answer.gaps import gap_reason
 from core.answer.guard import StreamGuard, refusal
 from core.answer.phrases import deferral
 from core.answer.postprocess import postprocess
 from core.answer.prompt import PromptInput, PromptSource, build_messages, secret_text
 from core.answer.question import Question, guess_language, name_found
 from core.answer.rewrite import QueryRewriter
+from core.deferrals import is_deferred
 from core.errors import ModelFailed, Unavailable
-from core.knowledge.locale import detect_language, language_of, locale_from_url
 from core.llm.limits import ModelLimits
+from core.locale import detect_language, language_of, locale_from_url
 from core.memory import ConversationMemory
 from core.ports import ChatMessage, ChatModel, Embedder, Usage
 from core.retrieval.boosts import same_page
@@ -32,7 +33,7 @@ from core.slots import network_wait
 from core.store.agents import Agent, Agents
 from core.store.conversations import Conversations, TurnRecord
 from core.store.curated import CuratedAnswers
-from core.store.handoff import REACHABLE, HandoffStore
+from core.store.handoff import UNREACHABLE, HandoffStore
 from core.turns import TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -395,7 +396,11 @@ class AnswerPipeline:
     ) -> TurnOutcome:
         """Sources, then the turn saved (after the stream, never during it), then done."""
         await out.emit(TurnEvent("sources", {"sources": [s.public() for s in shown]}))
-        saved = await self._conversations.save_turn(replace(record, trace=trace.export()))
+        exported = trace.export()
+        if request.voice:
+            # Voice notes answered: staff read the transcript beside the audio's link.
+            exported["voice"] = [dict(v) for v in request.voice]
+        saved = await self._conversations.save_turn(replace(record, trace=exported))
         await out.emit(
             TurnEvent(
                 "done",
@@ -432,7 +437,7 @@ class AnswerPipeline:
         come (or when), and the conversation waits for staff. None: the bot answers."""
         if self._handoff is None or request.channel == "api":
             return None  # an API caller has no way to hear from staff
-        reachable = request.channel in REACHABLE
+        reachable = request.channel not in UNREACHABLE
         if reachable:
             state = await self._handoff.state(agent.id, request.channel, request.conversation_key)
             if state is not None and state.held:

@@ -15,7 +15,7 @@ import snowballstemmer  # type: ignore[import-untyped]
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 from stop_words import get_stop_words  # type: ignore[import-untyped]
 
-from core.knowledge.locale import detect_language
+from core.locale import detect_language
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -41,9 +41,11 @@ import redis.exceptions
 from core.answer.phrases import phrase
 from core.answer.pipeline import AnswerPipeline, SourceRef
 from core.answer.question import guess_language
+from core.delivery import Channels, Senders, TypingSender, sender_of
 from core.errors import ModelFailed, ParleyError, Unavailable
-from core.knowledge.locale import detect_language
+from core.inbound import InboundMessage, MediaItem
 from core.llm.limits import ModelLimits
+from core.locale import detect_language
 from core.memory import ConversationMemory
 from core.slots import Slot, WorkSlots, working_in
 from core.store.agents import Agents
@@ -66,45 +68,24 @@ from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
 log = logging.getLogger(__name__)
 
 
-class Splitter(Protocol):
-    """Cuts a reply into a channel's messages, the sources it cites listed at the end."""
+class Transcripts(Protocol):
+    """Turns a customer's voice note into text (the gateway downloads it with the channel's
+    credentials and sends it to the transcription model)."""
 
-    def __call__(
-        self,
-        text: str,
-        sources: Sequence[SourceRef] = (),
-        *,
-        language: str | None = None,
-        site: str | None = None,
-    ) -> Sequence[str]:
-        """``sources`` numbered as ``text`` cites them; ``language`` names the list;
-        root-relative source URLs are on ``site``."""
+    @property
+    def available(self) -> bool:
+        """False when no transcription model is configured."""
+        ...
+
+    async def transcript(self, agent_id: int, channel: str, item: MediaItem) -> str:
+        """The voice note's words ('' when nothing could be heard); raises when the
+        download or the model failed (transient failures are tried again)."""
         ...
 
 
-# Shows the customer that an answer is on its way (Telegram's "typing..."), until the event.
-TypingIndicator = Callable[[str, asyncio.Event], Coroutine[Any, Any, None]]
-
-WRITING_RULES: Mapping[str, str] = {
-    "whatsapp": (
-        "You are writing a WhatsApp message: plain text, *bold* allowed, no tables, "
-        "no headings, short paragraphs."
-    ),
-    "telegram": (
-        "You are writing a Telegram message: plain sentences and short paragraphs, "
-        "no Markdown tables."
-    ),
-}
-TEXT_ONLY_REPLIES: Mapping[str, str] = {
-    "en": "Sorry, I can only read text for now. Could you type your question?",
-    "nl": "Sorry, ik kan voorlopig alleen tekst lezen. Kun je je vraag typen?",
-    "de": "Entschuldigung, ich kann vorerst nur Text lesen. Kannst du deine Frage eintippen?",
-    "fr": "Désolé, je ne peux lire que du texte pour le moment. Pouvez-vous écrire votre "
-    "question ?",
-    "es": "Lo siento, por ahora solo puedo leer texto. ¿Puedes escribir tu pregunta?",
-}
 DEFAULT_WELCOME = "Hi! Ask me anything and I will do my best to help."
 MEDIA_QUESTION = "[media]"  # what the conversation shows for a message without text
+VOICE_QUESTION = "[voice]"  # ... for a voice note that could not be transcribed
 
 # Failures of a service that is down or overloaded: the same turn may well work later.
 _TRANSIENT: tuple[type[BaseException], ...] = (
@@ -162,10 +143,10 @@ class InboxWorker:
     (the others wait on the model). ``limits`` are the pipeline's model limits: an agent
     whose answers wait for them gets no more of its conversations claimed meanwhile.
 
-    ``splitters`` split a reply into parts for a channel and list the sources it cites at
-    the end (core imports no channel, so the gateway passes e.g.
-    ``channels.citations.ReplyParts(1600)`` for WhatsApp); without one the reply is a single
-    part, without sources.
+    ``channels`` are the messaging channels' rules (core imports no channel: the gateway
+    passes its registry): how a reply is written and cut into parts, the sources it cites
+    listed at the end. ``senders`` show the customer "typing..." where the channel can;
+    ``transcripts`` turn voice notes into questions.
 
     A failed turn goes back to waiting: after a transient failure with ``backoff``, until its
     time limit; after an unexpected one likewise, but for ``max_attempts`` tries in all; after
@@ -187,8 +168,9 @@ class InboxWorker:
         poll_interval: float = 0.25,
         max_attempts: int = 3,
         max_rows: int = 20,
-        splitters: Mapping[str, Splitter] | None = None,
-        typing: Mapping[str, TypingIndicator] | None = None,
+        channels: Channels | None = None,
+        senders: Senders | None = None,
+        transcripts: Transcripts | None = None,
         redo_when_superseded: bool = True,
         memory: ConversationMemory | None = None,
         backoff: Backoff | None = None,
@@ -213,8 +195,9 @@ class InboxWorker:
         self._poll = poll_interval
         self._max_attempts = max_attempts
         self._max_rows = max_rows
-        self._splitters = splitters or {}
-        self._typing = typing or {}
+        self._channels = channels or {}
+        self._senders = senders
+        self._transcripts = transcripts
         self._redo = redo_when_superseded
         # The pipeline's memory: canned turns saved here, and turns taken back, reach it too.
         self._memory = memory
@@ -389,14 +372,28 @@ class InboxWorker:
         state = await self._handoff.state(row.agent_id, row.channel, row.conversation_key)
         return state is not None and state.held
 
+    async def _typing_sender(self, first: InboxRow) -> TypingSender | None:
+        if self._senders is None:
+            return None
+        sender = await sender_of(self._senders, first.agent_id, first.channel)
+        if not isinstance(sender, TypingSender) or await self._with_staff(first):
+            return None  # staff answer in their own time: the bot shows no "typing..."
+        return sender
+
     async def _reply_while_typing(self, claim: InboxClaim) -> _Reply:
-        first = claim.first
-        indicator = self._typing.get(first.channel)
-        if indicator is not None and await self._with_staff(first):
-            indicator = None  # staff answer in their own time: the bot shows no "typing..."
+        first, last = claim.first, claim.rows[-1]
+        try:
+            indicator = await self._typing_sender(first)
+        except Exception as exc:  # a courtesy: never fails the turn
+            log.warning("inbox.typing.unavailable channel=%s error=%r", first.channel, exc)
+            indicator = None
         answered = asyncio.Event()
         typing = (
-            asyncio.create_task(indicator(first.conversation_key, answered))
+            asyncio.create_task(
+                indicator.keep_typing(
+                    first.conversation_key, last.inbound.provider_message_id, answered
+                )
+            )
             if indicator is not None
             else None
         )
@@ -429,24 +426,49 @@ class InboxWorker:
     async def _reply(self, claim: InboxClaim) -> _Reply:
         first = claim.first
         agent = await self._agents.by_id(first.agent_id)
-        texts = [text for row in claim.rows if (text := _text(row))]
-        questions = [t for t in texts if not (first.channel == "telegram" and _is_start(t))]
+        messages = [row.inbound for row in claim.rows]
+        await self._remember_customer(first, messages)
+        questions: list[str] = []
+        heard: list[dict[str, str]] = []
+        unheard: MediaItem | None = None
+        for message in messages:
+            if message.command is not None:
+                continue
+            if message.text:
+                questions.append(message.text)
+                continue
+            voice = message.voice
+            if voice is not None and self._transcripts is not None and self._transcripts.available:
+                words = await self._transcripts.transcript(first.agent_id, first.channel, voice)
+                if words:
+                    questions.append(words)
+                    heard.append({"media": voice.ref, "transcript": words})
+                    continue
+            if message.media:
+                unheard = voice or unheard or message.media[0]
         if not questions:
-            if texts:  # only /start
+            if any(m.command == "start" for m in messages) and unheard is None:
                 welcome = str(agent.settings.get("welcome_text") or DEFAULT_WELCOME)
-                return await self._canned(claim, texts[-1], welcome, None)
+                return await self._canned(claim, "/start", welcome, None, "welcome")
             language = await self._language(claim, agent.default_language)
-            answer = TEXT_ONLY_REPLIES.get(language, TEXT_ONLY_REPLIES["en"])
-            return await self._canned(claim, MEDIA_QUESTION, answer, language)
+            if unheard is not None and unheard.kind == "audio":
+                return await self._canned(
+                    claim, VOICE_QUESTION, phrase("type_please", language), language, "voice"
+                )
+            return await self._canned(
+                claim, MEDIA_QUESTION, phrase("text_only", language), language, "text_only"
+            )
         question = "\n".join(questions)[-MAX_MESSAGE_CHARS:]
+        rules = self._channels.get(first.channel)
         request = TurnRequest(
             agent=agent.slug,
-            channel=first.channel,  # type: ignore[arg-type]  # only durable channels get here
+            channel=first.channel,
             conversation_key=first.conversation_key,
             text=question,
             provider_message_id=claim.rows[-1].provider_message_id,
             language=None,
-            writing_rule=WRITING_RULES.get(first.channel),
+            writing_rule=rules.writing_rule if rules else None,
+            voice=tuple(heard),
         )
         outcome = await self._pipeline.run(request, CollectingTurnOutput())
         if outcome.error is not None and not outcome.error_transient:
@@ -474,8 +496,17 @@ class InboxWorker:
             agent.site_url,
         )
 
+    async def _remember_customer(self, first: InboxRow, messages: Sequence[InboundMessage]) -> None:
+        """The customer's name and handle as their channel gives them, for staff."""
+        name = next((m.display_name for m in reversed(messages) if m.display_name), None)
+        handle = next((m.handle for m in reversed(messages) if m.handle), None)
+        if name or handle:
+            await self._conversations.remember_customer(
+                first.agent_id, first.channel, first.conversation_key, name, handle
+            )
+
     async def _canned(
-        self, claim: InboxClaim, question: str, answer: str, language: str | None
+        self, claim: InboxClaim, question: str, answer: str, language: str | None, kind: str
     ) -> _Reply:
         first = claim.first
         saved = await self._conversations.save_turn(
@@ -490,7 +521,7 @@ class InboxWorker:
                 confidence=None,
                 low_confidence=False,
                 mode="canned",
-                trace={"canned": "welcome" if question != MEDIA_QUESTION else "text_only"},
+                trace={"canned": kind},
                 language=language,
                 count_usage=False,
             )
@@ -500,12 +531,11 @@ class InboxWorker:
         return _Reply(answer, saved.conversation_id, saved.turn_id)
 
     async def _language(self, claim: InboxClaim, default: str) -> str:
-        """The visitor's language: Telegram's setting, else the conversation's, else the agent's."""
-        message = claim.rows[-1].payload.get("message")
-        if isinstance(message, Mapping):
-            sender = message.get("from")
-            if isinstance(sender, Mapping) and sender.get("language_code"):
-                return _base_language(str(sender["language_code"]))
+        """The visitor's language: their app's (Telegram tells it), else the conversation's,
+        else the agent's."""
+        hint = claim.rows[-1].inbound.language_hint
+        if hint:
+            return _base_language(hint)
         known = await self._conversations.language(
             claim.first.agent_id, claim.first.channel, claim.first.conversation_key
         )
@@ -514,10 +544,10 @@ class InboxWorker:
     async def _finish(self, claim: InboxClaim, reply: _Reply) -> None:
         """The reply's parts into the outbox and the rows done, together or not at all."""
         first = claim.first
-        split = self._splitters.get(first.channel)
+        rules = self._channels.get(first.channel)
         made = (
-            split(reply.text, reply.sources, language=reply.language, site=reply.site)
-            if split
+            rules.reply_parts(reply.text, reply.sources, language=reply.language, site=reply.site)
+            if rules
             else [reply.text]
         )
         parts = [p for p in made if p.strip()]
@@ -604,8 +634,8 @@ class InboxWorker:
                     continue
                 language = _holding_language(holding, agent.default_language)
                 text = phrase("holding", language)
-                split = self._splitters.get(conversation.channel)
-                parts = split(text, (), language=language) if split else [text]
+                rules = self._channels.get(conversation.channel)
+                parts = rules.reply_parts(text, (), language=language) if rules else [text]
                 await enqueue(
                     conn,
                     agent_id=conversation.agent_id,
@@ -625,22 +655,6 @@ class InboxWorker:
         return sent
 
 
-def _text(row: InboxRow) -> str:
-    return message_text(row.channel, row.payload)
-
-
-def message_text(channel: str, payload: Mapping[str, Any]) -> str:
-    """The visitor's text in a stored delivery ('' for media without a caption)."""
-    if channel == "telegram":
-        message = payload.get("message")
-        if isinstance(message, Mapping):
-            value = message.get("text") or message.get("caption") or ""
-            return str(value).strip()
-        return ""
-    body = payload.get("Body")
-    return body.strip() if isinstance(body, str) else ""
-
-
 async def _survived(step: str, work: Coroutine[Any, Any, object]) -> bool:
     """Run one step of the loop; False (and logged) when it failed, say on a lost database."""
     try:
@@ -657,23 +671,15 @@ async def _survived(step: str, work: Coroutine[Any, Any, object]) -> bool:
 def _holding_language(holding: Holding, default: str) -> str:
     """What the customer wrote in, else the conversation's language so far, else their
     Telegram setting, else the agent's."""
-    written = "\n".join(t for row in holding.rows if (t := _text(row)) and not _is_start(t))
+    messages = [row.inbound for row in holding.rows]
+    written = "\n".join(m.text for m in messages if m.text and m.command is None)
     found = (detect_language(written) or guess_language(written)) if written else None
     if found:
         return found
     if holding.conversation_language:
         return holding.conversation_language
-    message = holding.rows[-1].payload.get("message")
-    if isinstance(message, Mapping):
-        sender = message.get("from")
-        if isinstance(sender, Mapping) and sender.get("language_code"):
-            return _base_language(str(sender["language_code"]))
-    return default
-
-
-def _is_start(text: str) -> bool:
-    command = text.split(maxsplit=1)[0] if text else ""
-    return command == "/start" or command.startswith("/start@")
+    hint = messages[-1].language_hint if messages else None
+    return _base_language(hint) if hint else default
 
 
 def _base_language(code: str) -> str:

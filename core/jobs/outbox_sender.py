@@ -4,59 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from datetime import datetime
-from typing import Protocol, runtime_checkable
 
 import asyncpg
 
+from core.delivery import (
+    DeliveryError,
+    Sender,
+    Senders,
+    Sent,
+    SentFinder,
+    Template,
+    TemplateSender,
+    sender_of,
+)
 from core.errors import StoreUnavailable
 from core.store.outbox import Outbox, OutboxRow
 
 log = logging.getLogger(__name__)
-
-
-class SentPart(Protocol):
-    @property
-    def provider_message_id(self) -> str: ...
-
-
-class PartSender(Protocol):
-    """What the sender needs of a channel (`channels.delivery.Sender` fits).
-
-    Failures raise an exception that looks like `DeliveryFailure`; the gateway passes the
-    channel senders in, so core never imports a channel.
-    """
-
-    async def send(self, recipient: str, text: str) -> Sequence[SentPart]: ...
-
-
-@runtime_checkable
-class SentFinder(Protocol):
-    """A sender that can ask its provider which messages it accepted (`TwilioSender`)."""
-
-    async def find_sent(self, recipient: str, text: str, since: datetime) -> Sequence[SentPart]:
-        """Messages with body ``text`` accepted for ``recipient`` since ``since``, oldest
-        first; raises (like `DeliveryFailure`) when the provider cannot be asked."""
-        ...
-
-
-class SenderDirectory(Protocol):
-    """Finds the sender for an agent's channel (each agent may have its own account)."""
-
-    async def sender_for(self, agent_id: int, channel: str) -> PartSender | None: ...
-
-
-@runtime_checkable
-class DeliveryFailure(Protocol):
-    """The shape of `channels.delivery.DeliveryError`, recognised without importing it."""
-
-    message: str
-    code: str | None
-    permanent: bool
-    retry_after: float | None
-    ambiguous: bool
 
 
 # Longest pause of the sending loop while the database cannot be reached.
@@ -110,7 +76,7 @@ class OutboxSender:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        senders: Mapping[str, PartSender] | SenderDirectory,
+        senders: Senders,
         *,
         batch: int = 20,
         lease: float = 60.0,
@@ -192,10 +158,8 @@ class OutboxSender:
                 raise result
         return len(rows)
 
-    async def _sender(self, row: OutboxRow) -> PartSender | None:
-        if isinstance(self._senders, Mapping):
-            return self._senders.get(row.channel)
-        return await self._senders.sender_for(row.agent_id, row.channel)
+    async def _sender(self, row: OutboxRow) -> Sender | None:
+        return await sender_of(self._senders, row.agent_id, row.channel)
 
     async def _send(self, row: OutboxRow) -> None:
         sender = await self._sender(row)
@@ -208,12 +172,11 @@ class OutboxSender:
         ):
             return
         try:
-            sent = await sender.send(row.recipient, row.body)
+            sent = await self._deliver(sender, row)
         except Exception as exc:
             await self._failed(row, exc)
             return
-        provider_id = sent[0].provider_message_id if sent else ""
-        await self._outbox.mark_sent(row.id, provider_id)
+        await self._outbox.mark_sent(row.id, sent.provider_message_id)
         log.info(
             "outbox.send.sent channel=%s outbox_id=%d part=%d attempts=%d",
             row.channel,
@@ -222,7 +185,23 @@ class OutboxSender:
             row.attempts,
         )
 
-    async def _settled(self, row: OutboxRow, sender: PartSender, since: datetime) -> bool:
+    async def _deliver(self, sender: Sender, row: OutboxRow) -> Sent:
+        if row.template is None:
+            return await sender.send(row.recipient, row.body)
+        if not isinstance(sender, TemplateSender):
+            raise DeliveryError(
+                f"{row.channel} has no templates", code="template_unsupported", permanent=True
+            )
+        template = Template(
+            name=str(row.template.get("name", "")),
+            provider_id=str(row.template.get("provider_id", "")),
+            language=str(row.template.get("language", "")),
+            text=row.body,
+        )
+        values = [str(v) for v in row.template.get("values") or ()]
+        return await sender.send_template(row.recipient, template, values)
+
+    async def _settled(self, row: OutboxRow, sender: Sender, since: datetime) -> bool:
         """For a part an earlier attempt may have delivered: True when nothing is to be sent
         now, because the provider has it (its id is adopted) or the look-up is to be retried."""
         if not isinstance(sender, SentFinder):
@@ -244,7 +223,7 @@ class OutboxSender:
             provider_id = part.provider_message_id
             await self._outbox.mark_sent(row.id, provider_id)
             # Delivery reports sent before the id was known found no row: take the state now.
-            status = getattr(part, "status", None)
+            status = part.status
             if status in _LATER_STATES:
                 await self._outbox.record_status(
                     row.channel, provider_id, status, None, agent_ids=[row.agent_id]
@@ -290,7 +269,7 @@ class OutboxSender:
         self, row: OutboxRow, exc: Exception
     ) -> tuple[str | None, str, bool, float | None]:
         """Code, message, permanence and retry-after of a failure."""
-        if isinstance(exc, DeliveryFailure):
+        if isinstance(exc, DeliveryError):
             return exc.code, exc.message, exc.permanent, exc.retry_after
         # Not a classified delivery error: a bug or an unexpected library error. Retried,
         # since giving up on a reply over a glitch is worse than a bounded retry.
@@ -303,7 +282,7 @@ class OutboxSender:
 
     async def _failed(self, row: OutboxRow, exc: Exception) -> None:
         code, message, permanent, retry_after = self._describe(row, exc)
-        ambiguous = isinstance(exc, DeliveryFailure) and exc.ambiguous
+        ambiguous = isinstance(exc, DeliveryError) and exc.ambiguous
         if permanent or row.attempts >= self._max_attempts:
             if ambiguous:
                 message += "; the provider may have accepted the last attempt"

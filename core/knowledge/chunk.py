@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from core.knowledge.documents import Document
+from core.documents import Chunk, Document
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+(?=[\"'(\[]?[A-ZÀ-ÖØ-Þ0-9])")
@@ -14,17 +13,6 @@ _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+(?=[\"'(\[]?[A-ZÀ-ÖØ-Þ0-9])")
 TARGET_WORDS = 180
 MAX_WORDS = 260
 OVERLAP_WORDS = 30
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    ord: int
-    heading: str  # "Title > Section > Subsection"
-    text: str
-
-    def embedding_input(self) -> str:
-        """What the embedder sees: the heading path gives a paragraph its context."""
-        return f"{self.heading}\n{self.text}" if self.heading else self.text
 
 
 def _words(text: str) -> int:

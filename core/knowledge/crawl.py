@@ -19,7 +19,7 @@ import lxml.html  # type: ignore[import-untyped]
 from defusedxml.ElementTree import fromstring as parse_xml
 from lxml.etree import LxmlError  # type: ignore[import-untyped]
 
-from core.knowledge.documents import Document, ReadError
+from core.documents import Document, ReadError
 from core.knowledge.extract import extract_page, normalise_url, same_host
 from core.knowledge.outbound import REFUSED, PrivateAddressRefused, is_guarded
 

@@ -16,9 +16,9 @@ import trafilatura
 from lxml.etree import LxmlError  # type: ignore[import-untyped]
 from trafilatura.utils import decode_file
 
+from core.documents import Document
 from core.knowledge.classify import infer_page_type
-from core.knowledge.documents import Document
-from core.knowledge.locale import resolve_locale
+from core.locale import resolve_locale
 
 log = logging.getLogger(__name__)
 

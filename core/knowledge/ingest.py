@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.knowledge.chunk import Chunk, chunk_document
+from core.documents import Chunk, Document, ReadError
+from core.knowledge.chunk import chunk_document
 from core.knowledge.crawl import CrawlLimits, Unchanged, crawl
-from core.knowledge.documents import Document, ReadError
 from core.knowledge.outbound import IPNetwork, crawler_session
 from core.knowledge.sources import HTML_SUFFIXES, TEXT_SUFFIXES, SourceSpec, read_local
 from core.ports import Embedder

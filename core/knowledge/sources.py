@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.documents import Document, ReadError
 from core.errors import InvalidInput
 from core.knowledge.classify import infer_page_type
-from core.knowledge.documents import Document, ReadError
 from core.knowledge.extract import extract_page, normalise_url
-from core.knowledge.locale import resolve_locale
+from core.locale import resolve_locale
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
-from urllib.parse import urlsplit
 
-import openai
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 from tenacity import (
     AsyncRetrying,
@@ -19,6 +17,14 @@ from tenacity import (
 )
 
 from core.errors import ModelFailed
+from core.llm.openai_client import (
+    FAILURES,
+    TRANSIENT_ERRORS,
+    configured_endpoint,
+    failure_reason,
+    is_transient,
+    open_client,
+)
 from core.ports import ChatChunk, ChatMessage, ChatModel, Usage
 from core.settings import Settings
 
@@ -28,36 +34,6 @@ T = TypeVar("T")
 
 DEFAULT_FIRST_TOKEN_TIMEOUT = 20.0
 DEFAULT_TOTAL_TIMEOUT = 90.0
-
-# Worth one more try before the first token; APITimeoutError is an APIConnectionError.
-_TRANSIENT = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
-# What a call can fail with: the client's errors, our deadlines, and malformed replies
-# (JSON or schema errors are ValueErrors).
-_FAILURES = (openai.OpenAIError, TimeoutError, ValueError)
-
-
-def _reason(exc: BaseException) -> str:
-    """A short, safe description: never the server's text, which may echo the request."""
-    if isinstance(exc, TimeoutError | openai.APITimeoutError):
-        return "timeout"
-    if isinstance(exc, openai.APIStatusError):
-        return f"status {exc.status_code}"
-    if isinstance(exc, openai.APIConnectionError):
-        return "connection failed"
-    return type(exc).__name__
-
-
-# Answers that a later try of the same request may not get: rate limits, overload, a lock.
-_RETRYABLE_STATUSES = frozenset({408, 409, 429})
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether the same request may work later: a 5xx, 408, 409 or 429 answer, a timeout, a
-    failed connection, a malformed reply may; any other 4xx (a bad request, a wrong key or
-    model name, no access) will not until the request or the account changes."""
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code >= 500 or exc.status_code in _RETRYABLE_STATUSES
-    return True
 
 
 def _wire(messages: Sequence[ChatMessage]) -> list[ChatCompletionMessageParam]:
@@ -103,9 +79,7 @@ class OpenAIChatModel:
         self._total_timeout = total_timeout
         self._attempts = attempts
         self._backoff = backoff
-        self._client = openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=total_timeout
-        )
+        self._client = open_client(api_key=api_key, base_url=base_url, timeout=total_timeout)
 
     @property
     def model(self) -> str:
@@ -113,7 +87,7 @@ class OpenAIChatModel:
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(_TRANSIENT),
+            retry=retry_if_exception_type(TRANSIENT_ERRORS),
             wait=wait_exponential(multiplier=self._backoff, max=2) + wait_random(0, self._backoff),
             stop=stop_after_attempt(self._attempts),
             reraise=True,
@@ -123,7 +97,7 @@ class OpenAIChatModel:
         raise AssertionError("unreachable: tenacity reraises the last error")
 
     def _failed(self, what: str, model: str, exc: BaseException) -> ModelFailed:
-        reason, transient = _reason(exc), _transient(exc)
+        reason, transient = failure_reason(exc), is_transient(exc)
         log.warning("llm.%s.failed model=%s reason=%s transient=%s", what, model, reason, transient)
         return ModelFailed(f"language model failed: {reason}", transient=transient)
 
@@ -152,7 +126,7 @@ class OpenAIChatModel:
                         stream_options={"include_usage": True},
                     )
                 )
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise self._failed("stream", name, exc) from exc
         usage: Usage | None = None
         seen_text = False
@@ -165,7 +139,7 @@ class OpenAIChatModel:
                         chunk = await anext(response)
                 except StopAsyncIteration:
                     break
-                except _FAILURES as exc:
+                except FAILURES as exc:
                     raise self._failed("stream", name, exc) from exc
                 except asyncio.CancelledError:
                     log.info("llm.stream.cancelled model=%s", name)
@@ -201,7 +175,7 @@ class OpenAIChatModel:
                         temperature=temperature,
                     )
                 )
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise self._failed("complete", name, exc) from exc
         if not completion.choices:
             raise self._failed("complete", name, ValueError("no choices"))
@@ -213,12 +187,11 @@ class OpenAIChatModel:
 
 def open_chat_model(settings: Settings) -> ChatModel | None:
     """The configured LLM, or None when there is none (answers are then extractive)."""
-    if not settings.llm_configured:
+    endpoint = configured_endpoint(settings)
+    if endpoint is None:
         return None
-    api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "unused"
-    host = urlsplit(settings.llm_base_url).hostname if settings.llm_base_url else "default"
-    log.info("llm.configured model=%s host=%s", settings.llm_model, host)
-    return OpenAIChatModel(settings.llm_model, api_key=api_key, base_url=settings.llm_base_url)
+    log.info("llm.configured model=%s host=%s", settings.llm_model, endpoint.host)
+    return OpenAIChatModel(settings.llm_model, api_key=endpoint.api_key, base_url=endpoint.base_url)
 
 
 async def close_chat_model(model: ChatModel | None) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from core.answer.gaps import is_deferred
+from core.deferrals import is_deferred
 from core.errors import Unavailable
 from core.ports import ChatMessage, ChatModel
 from core.store.conversations import StoredMessage

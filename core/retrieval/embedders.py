@@ -6,7 +6,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,18 +41,6 @@ _TRANSIENT = (
     openai.RateLimitError,
     openai.InternalServerError,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class EmbedderIdentity:
-    """What an index was built with; vectors of two identities never mix in one index."""
-
-    name: str  # "provider:model"
-    dimension: int
-
-    @classmethod
-    def of(cls, embedder: Embedder) -> EmbedderIdentity:
-        return cls(embedder.name, embedder.dimension)
 
 
 def _normalise(rows: NDArray[np.float32]) -> NDArray[np.float32]:

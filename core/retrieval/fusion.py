@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from core.knowledge.locale import language_of
+from core.locale import language_of
 from core.store.search import Candidate
 
 Fusion = Literal["calibrated", "rrf"]

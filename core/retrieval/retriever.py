@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from core.errors import Unavailable
-from core.knowledge.locale import detect_language, language_of
+from core.locale import detect_language, language_of
 from core.ports import Cache, Embedder, Reranker
 from core.retrieval.boosts import QuerySignals, boost_for
 from core.retrieval.fusion import Fusion, fuse

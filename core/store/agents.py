@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,18 +15,16 @@ import asyncpg
 
 from core.errors import AgentNotFound, Conflict, InvalidInput
 from core.keyring import Keyring, SecretsKeyMissing, is_sealed
-from core.retrieval.embedders import EmbedderIdentity
-from core.store.vector_index import bind_embedder
+from core.store.vector_index import EmbedderIdentity, bind_embedder
 
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _LANGUAGE = re.compile(r"^[a-z]{2,3}(-[a-z0-9]{2,8})?$")
 
-# The secrets in a channel's block of ``agents.settings``: stored only sealed (core/keyring.py).
-# The block's other fields (Twilio's account SID, the sending number) are not secret.
-CHANNEL_SECRETS: Mapping[str, tuple[str, ...]] = {
-    "twilio": ("auth_token",),
-    "telegram": ("bot_token", "webhook_secret"),
-}
+# Per settings block of ``agents.settings``, the fields stored only sealed (core/keyring.py),
+# such as {"twilio": ("auth_token",)}: the gateway's channel registry says which
+# (`channels.registry.secret_fields`); core knows no channel. A block's other fields (an
+# account id, the sending number) are not secret.
+SecretFields = Mapping[str, Sequence[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +90,13 @@ def validate_timezone(name: str) -> str:
 
 
 def seal_channel_secrets(
-    settings: Mapping[str, Any], keyring: Keyring, *, owner: str = ""
+    settings: Mapping[str, Any], keyring: Keyring, secret_fields: SecretFields, *, owner: str = ""
 ) -> dict[str, Any]:
-    """``settings`` with each channel secret given in clear sealed under the current key;
-    `SecretsKeyMissing` when there is one and no key to seal it with (``owner``, such as
-    " of agent 'shop'", completes the name of the value in the message)."""
+    """``settings`` with each channel secret (``secret_fields``) given in clear sealed under
+    the current key; `SecretsKeyMissing` when there is one and no key to seal it with
+    (``owner``, such as " of agent 'shop'", completes the name of the value in the message)."""
     sealed = dict(settings)
-    for channel, names in CHANNEL_SECRETS.items():
+    for channel, names in secret_fields.items():
         block = settings.get(channel)
         if not isinstance(block, Mapping):
             continue
@@ -135,16 +133,38 @@ class Agents:
 
     With ``fresh_for`` seconds, `get` answers from memory for that long: every turn looks
     its agent up, and settings changed elsewhere may take that long to apply.
+
+    ``secret_fields`` (the registry's `channels.registry.secret_fields()`) names the channel
+    secrets `update` seals with ``keyring``; one that writes settings without it seals none.
     """
 
     def __init__(
-        self, pool: asyncpg.Pool, *, fresh_for: float = 0.0, keyring: Keyring | None = None
+        self,
+        pool: asyncpg.Pool,
+        *,
+        fresh_for: float = 0.0,
+        keyring: Keyring | None = None,
+        secret_fields: SecretFields | None = None,
     ) -> None:
         self._pool = pool
         self._fresh_for = fresh_for
         # Seals channel secrets written through `update`; without a key none can be written.
         self._keyring = keyring or Keyring()
+        self._secret_fields: SecretFields = secret_fields or {}
         self._recent: dict[str, tuple[float, Agent]] = {}
+
+    def unremembered(
+        self, keyring: Keyring | None = None, secret_fields: SecretFields | None = None
+    ) -> Agents:
+        """The same agents read fresh every time (what staff see), sharing this one's memory,
+        so that a change made through either is seen by both at once."""
+        fresh = Agents(
+            self._pool,
+            keyring=keyring or self._keyring,
+            secret_fields=secret_fields or self._secret_fields,
+        )
+        fresh._recent = self._recent
+        return fresh
 
     async def create(
         self,
@@ -192,7 +212,10 @@ class Agents:
             changes["allowed_origins"] = [o.rstrip("/") for o in changes["allowed_origins"]]
         if "settings" in changes:
             changes["settings"] = seal_channel_secrets(
-                changes["settings"], self._keyring, owner=f" of agent {slug!r}"
+                changes["settings"],
+                self._keyring,
+                self._secret_fields,
+                owner=f" of agent {slug!r}",
             )
         self._recent.pop(slug, None)
         if changes:
@@ -209,10 +232,11 @@ class Agents:
                 raise AgentNotFound(slug)
         return await self.get(slug)
 
-    async def reseal_secrets(self, keyring: Keyring) -> Resealed:
-        """Seal every agent's channel secrets under ``keyring``'s current key: those stored in
-        clear and those sealed under an earlier key, in one transaction. A value no key of
-        ``keyring`` opens stops it with `SecretUnreadable` before anything is written."""
+    async def reseal_secrets(self, keyring: Keyring, secret_fields: SecretFields) -> Resealed:
+        """Seal every agent's channel secrets (``secret_fields``) under ``keyring``'s current
+        key: those stored in clear and those sealed under an earlier key, in one transaction.
+        A value no key of ``keyring`` opens stops it with `SecretUnreadable` before anything
+        is written."""
         if keyring.current_id is None:
             raise SecretsKeyMissing("channel secrets")
         resealed = were_clear = agents = total = 0
@@ -221,7 +245,7 @@ class Agents:
             for row in rows:
                 settings = dict(row["settings"])
                 changed = False
-                for channel, names in CHANNEL_SECRETS.items():
+                for channel, names in secret_fields.items():
                     block = settings.get(channel)
                     if not isinstance(block, Mapping):
                         continue

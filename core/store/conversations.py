@@ -9,6 +9,9 @@ from typing import Any
 
 import asyncpg
 
+# A customer's name or handle as kept: providers send short ones; a longer one is cut.
+_MAX_NAME_CHARS = 200
+
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
@@ -59,6 +62,45 @@ class Conversations:
             channel,
             key,
         )
+        return found
+
+    async def remember_customer(
+        self,
+        agent_id: int,
+        channel: str,
+        conversation_key: str,
+        name: str | None = None,
+        handle: str | None = None,
+    ) -> int:
+        """The conversation's id, the row made when there is none yet, with the customer's
+        name and handle (as the channel gave them) kept for staff to see. A name or handle
+        not given (None or blank) leaves the known one as it is: a message without a profile
+        name never blanks it."""
+        name, handle = _given(name), _given(handle)
+        # Written only when something changes: every message of a chat passes here.
+        found: int | None = await self._pool.fetchval(
+            """INSERT INTO conversations (agent_id, channel, conversation_key, customer_name,
+                                          customer_handle)
+               VALUES ($1, $2, $3, $4, $5)
+               ON CONFLICT (agent_id, channel, conversation_key) DO UPDATE
+                  SET customer_name = COALESCE(EXCLUDED.customer_name, conversations.customer_name),
+                      customer_handle = COALESCE(EXCLUDED.customer_handle,
+                                                 conversations.customer_handle)
+                WHERE conversations.customer_name IS DISTINCT FROM
+                          COALESCE(EXCLUDED.customer_name, conversations.customer_name)
+                   OR conversations.customer_handle IS DISTINCT FROM
+                          COALESCE(EXCLUDED.customer_handle, conversations.customer_handle)
+               RETURNING id""",
+            agent_id,
+            channel,
+            conversation_key,
+            name,
+            handle,
+        )
+        if found is None:  # there, and already as given
+            found = await self.find(agent_id, channel, conversation_key)
+        if found is None:  # erased in between: made again
+            return await self.remember_customer(agent_id, channel, conversation_key, name, handle)
         return found
 
     async def language(self, agent_id: int, channel: str, key: str) -> str | None:
@@ -157,6 +199,15 @@ class Conversations:
                     record.confidence,
                 )
         return SavedTurn(conversation_id, turn_id, generation, tuple(added))
+
+
+def _given(value: str | None) -> str | None:
+    """A name as stored: without control characters (PostgreSQL stores no NUL) or outer
+    spaces, and None when nothing is left."""
+    if value is None:
+        return None
+    cleaned = "".join(ch for ch in value if ch >= " " and ch != "\x7f").strip()
+    return cleaned[:_MAX_NAME_CHARS] or None
 
 
 async def discard_turn(conn: Any, turn_id: int) -> None:

@@ -9,7 +9,7 @@ committed, to every process listening on the database.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -20,14 +20,19 @@ from core.errors import InvalidInput, NotFound
 from core.store.outbox import enqueue
 
 FEED_CHANNEL = "parley_conversations"
-# The channels on which staff can reach the visitor: the widget live, messaging apps by send.
-REACHABLE = frozenset({"web", "whatsapp", "telegram"})
-SENT_CHANNELS = frozenset({"whatsapp", "telegram"})
+# Staff reach a visitor live on the widget, and on a messaging channel by sending; never
+# on these, answered within the request with no way to write back later.
+LIVE_CHANNEL = "web"
+UNREACHABLE = frozenset({"api", "playground", "test"})
 Status = Literal["bot", "waiting_for_staff", "staff"]
 # A handoff's system message holds the new status as its text.
 STATUSES: tuple[Status, ...] = ("bot", "waiting_for_staff", "staff")
 
-_STATE_COLUMNS = "id, agent_id, channel, conversation_key, status, assigned_to, generation"
+_STATE_COLUMNS = (
+    "id, agent_id, channel, conversation_key, status, assigned_to, generation, "
+    "(SELECT max(m.created_at) FROM messages m WHERE m.conversation_id = conversations.id "
+    "AND m.role = 'visitor') AS customer_wrote_at"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,7 @@ class ConversationState:
     status: str
     assigned_to: str | None
     generation: int
+    customer_wrote_at: datetime | None = None  # the visitor's last message
 
     @property
     def held(self) -> bool:
@@ -214,12 +220,21 @@ class HandoffStore:
         return True
 
     async def add_staff_reply(
-        self, conversation_id: int, text: str, staff: str, split: Callable[[str, str], list[str]]
+        self,
+        conversation_id: int,
+        text: str,
+        staff: str,
+        split: Callable[[ConversationState, str], list[str] | None],
+        *,
+        template: Mapping[str, Any] | None = None,
     ) -> int:
         """Store what staff wrote and queue it for the visitor's channel, in one transaction.
 
         Replying takes the conversation over when staff had not yet, so the bot never answers
-        alongside a person. ``split(channel, text)`` gives the parts a messaging app is sent.
+        alongside a person. ``split(state, text)`` gives the parts a messaging app is sent
+        (None: the channel is not a messaging channel); it may refuse the reply by raising,
+        before anything is stored. ``template`` is sent instead of the text (WhatsApp outside
+        its 24-hour window): the text stored is the template's, filled in.
         """
         async with self._pool.acquire() as conn, conn.transaction():
             state = _state(
@@ -230,7 +245,8 @@ class HandoffStore:
             )
             if state is None:
                 raise NotFound(f"no conversation {conversation_id}")
-            if state.channel not in REACHABLE:
+            parts = split(state, text)
+            if parts is None and state.channel != LIVE_CHANNEL:
                 raise InvalidInput(f"staff cannot reach a visitor on the {state.channel} channel")
             if state.status != "staff":
                 await self._change(conn, state, "staff", staff, ())
@@ -238,15 +254,16 @@ class HandoffStore:
             await conn.execute(
                 "UPDATE conversations SET last_message_at = now() WHERE id = $1", state.id
             )
-            if state.channel in SENT_CHANNELS:
+            if parts is not None:
                 await enqueue(
                     conn,
                     agent_id=state.agent_id,
                     channel=state.channel,
                     recipient=state.conversation_key,
-                    parts=split(state.channel, text),
+                    parts=[text] if template is not None else parts,
                     conversation_id=state.id,
                     message_id=message_id,
+                    template=template,
                 )
             await _notify(conn, state, message_id, "staff")
         return message_id

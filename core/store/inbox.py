@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
+from core.inbound import InboundMessage
+
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
@@ -21,9 +23,15 @@ class InboxRow:
     provider_message_id: str
     conversation_key: str
     payload: Mapping[str, Any]
+    message: Mapping[str, Any]
     status: str
     attempts: int
     received_at: datetime
+
+    @property
+    def inbound(self) -> InboundMessage:
+        """The message as its channel normalised it (``payload`` is the provider's own)."""
+        return InboundMessage.from_json(self.message)
 
 
 _COLUMNS = ", ".join(InboxRow.__dataclass_fields__)
@@ -72,6 +80,7 @@ class TroubledRow:
     conversation_key: str
     conversation_id: int | None
     payload: Mapping[str, Any]
+    message: Mapping[str, Any]
     status: str
     attempts: int
     error: str | None
@@ -131,21 +140,23 @@ class Inbox:
         self,
         agent_id: int,
         channel: str,
-        provider_message_id: str,
-        conversation_key: str,
+        message: InboundMessage,
         payload: Mapping[str, Any],
     ) -> bool:
-        """Store one delivery; False when this provider id was stored before (a re-delivery)."""
+        """Store one delivery, normalised and as sent (``payload``, kept for staff); False
+        when this provider id was stored before (a re-delivery)."""
         added = await self._pool.fetchval(
-            """INSERT INTO inbox (agent_id, channel, provider_message_id, conversation_key, payload)
-               VALUES ($1, $2, $3, $4, $5)
+            """INSERT INTO inbox (agent_id, channel, provider_message_id, conversation_key,
+                                  payload, message)
+               VALUES ($1, $2, $3, $4, $5, $6)
                ON CONFLICT (agent_id, channel, provider_message_id) DO NOTHING
                RETURNING id""",
             agent_id,
             channel,
-            provider_message_id,
-            conversation_key,
+            message.provider_message_id,
+            message.customer_id,
             dict(payload),
+            message.to_json(),
         )
         return added is not None
 
@@ -177,7 +188,7 @@ class Inbox:
         ``stuck_after`` seconds; newest first."""
         rows = await self._pool.fetch(
             """SELECT i.id, i.agent_id, a.slug AS agent, i.channel, i.conversation_key,
-                      c.id AS conversation_id, i.payload, i.status, i.attempts, i.error,
+                      c.id AS conversation_id, i.payload, i.message, i.status, i.attempts, i.error,
                       i.received_at, i.next_attempt_at, i.requeued_at, i.holding_sent_at,
                       i.processed_at
                  FROM inbox i

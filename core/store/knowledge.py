@@ -10,13 +10,11 @@ import asyncpg
 import numpy as np
 from numpy.typing import NDArray
 
+from core.documents import Chunk, Document
 from core.errors import Conflict, NotFound
-from core.knowledge.chunk import Chunk
-from core.knowledge.documents import Document
-from core.knowledge.locale import language_of, locale_from_url
-from core.retrieval.embedders import EmbedderIdentity
+from core.locale import language_of, locale_from_url
 from core.store.database import Connection
-from core.store.vector_index import bind_embedder, index_name
+from core.store.vector_index import EmbedderIdentity, bind_embedder, index_name
 
 
 @dataclass(frozen=True, slots=True)

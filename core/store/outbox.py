@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,6 +33,9 @@ class OutboxRow:
     unconfirmed_since: datetime | None
     # Look-ups of an unconfirmed part that failed in a row.
     lookups: int
+    # An approved template sent instead of ``body`` (which holds its text, filled in):
+    # {"name", "provider_id", "language", "values"}.
+    template: Mapping[str, Any] | None = None
 
 
 # A part left 'sending' by a sender that died may have reached the provider: from when.
@@ -50,15 +53,17 @@ async def enqueue(
     parts: Sequence[str],
     conversation_id: int | None = None,
     message_id: int | None = None,
+    template: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """Add one reply's parts (already split by the caller) on ``conn``, inside its transaction."""
+    """Add one reply's parts (already split by the channel) on ``conn``, inside its
+    transaction; with ``template``, one part: the template, ``parts[0]`` its text."""
     ids: list[int] = []
-    for number, body in enumerate(parts):
+    for number, body in enumerate(parts[:1] if template is not None else parts):
         ids.append(
             await conn.fetchval(
                 """INSERT INTO outbox (agent_id, channel, conversation_id, message_id, recipient,
-                                       part, body)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id""",
+                                       part, body, template)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id""",
                 agent_id,
                 channel,
                 conversation_id,
@@ -66,6 +71,7 @@ async def enqueue(
                 recipient,
                 number,
                 body,
+                dict(template) if template is not None else None,
             )
         )
     return ids

@@ -41,8 +41,8 @@ class ConversationRow:
     agent: str
     agent_name: str
     channel: str
-    customer: str  # the customer's name when known, else the channel's own id
-    conversation_key: str
+    customer: str  # who it is with: the customer's name, else "@handle", else the key
+    conversation_key: str  # the channel's own id of the chat
     status: str
     assigned_to: str | None  # the staff member who has it, while its status is "staff"
     language: str | None
@@ -53,6 +53,8 @@ class ConversationRow:
     messages: int
     last_message_at: datetime
     created_at: datetime
+    customer_name: str | None = None  # as the channel gave it
+    customer_handle: str | None = None  # a user name (Telegram), without "@"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +146,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, int]:
 # conversation as it is now (a summary of what was cleared is not shown).
 _SELECT = """
 SELECT c.id, a.slug AS agent, a.name AS agent_name, c.channel,
-       COALESCE(NULLIF(c.customer_name, ''), c.conversation_key) AS customer,
+       COALESCE(NULLIF(c.customer_name, ''), '@' || NULLIF(c.customer_handle, ''),
+                c.conversation_key) AS customer,
+       NULLIF(c.customer_name, '') AS customer_name,
+       NULLIF(c.customer_handle, '') AS customer_handle,
        c.conversation_key, c.status, c.assigned_to, c.language,
        NULLIF(split_part(btrim(s.text, E' \\n'), E'\\n', 1), '') AS summary_line,
        t.confidence, a.confidence_threshold AS threshold,

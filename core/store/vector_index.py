@@ -9,9 +9,10 @@ by other agents' rows.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from core.errors import EmbedderMismatch
-from core.retrieval.embedders import EmbedderIdentity
+from core.ports import Embedder
 from core.store.database import Connection
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,18 @@ log = logging.getLogger(__name__)
 # HNSW build parameters; see bench/retrieval.py for the recall they give.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderIdentity:
+    """What an index was built with; vectors of two identities never mix in one index."""
+
+    name: str  # "provider:model"
+    dimension: int
+
+    @classmethod
+    def of(cls, embedder: Embedder) -> EmbedderIdentity:
+        return cls(embedder.name, embedder.dimension)
 
 
 def index_name(agent_id: int) -> str:

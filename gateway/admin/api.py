@@ -18,10 +18,12 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from channels.base import Channel
+from channels.registry import CHANNELS
 from channels.web import WRITING_RULE, SseTurnOutput, parse_body
 from core.answer.escalation import validate_handoff_settings
 from core.errors import Conflict, InvalidInput, NotFound
-from core.jobs.inbox_worker import message_text
+from core.inbound import InboundMessage
 from core.knowledge.sources import SourceSpec
 from core.llm.limits import validate_llm_limits
 from core.store.agents import Agent
@@ -246,7 +248,6 @@ async def patch_staff(call: Call) -> s.StaffMemberOut:
 # -- agents ---------------------------------------------------------------------------------
 
 _HANDOFF_SETTINGS = ("business_hours", "handoff_enabled", "handoff_text", "out_of_hours_text")
-_CHANNEL_BLOCKS = ("twilio", "telegram")
 _COLUMNS = (
     "name",
     "persona",
@@ -264,10 +265,23 @@ def _block(settings: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return block if isinstance(block, Mapping) else {}
 
 
+def _channel_out(channel: Channel, settings: Mapping[str, Any]) -> BaseModel:
+    """A channel's block as its declaration says to show it: secrets only as whether set."""
+    block = _block(settings, channel.block)
+    shown: dict[str, Any] = {"configured": channel.block in settings}
+    for spec in channel.credential_fields:
+        value = block.get(spec.name)
+        if spec.secret:
+            shown[f"{spec.name}_set"] = bool(value)
+        else:
+            shown[spec.name] = value if isinstance(value, str) else None
+    return s.CHANNEL_OUT[channel.block](**shown)
+
+
 def agent_out(agent: Agent) -> s.AgentOut:
     """An agent as staff see it: channel secrets reduced to whether they are set."""
     settings = agent.settings
-    twilio, telegram = _block(settings, "twilio"), _block(settings, "telegram")
+    blocks = {c.block for c in CHANNELS}
     return s.AgentOut(
         slug=agent.slug,
         name=agent.name,
@@ -284,21 +298,9 @@ def agent_out(agent: Agent) -> s.AgentOut:
         handoff_text=settings.get("handoff_text") or None,
         out_of_hours_text=settings.get("out_of_hours_text") or None,
         settings={
-            k: v for k, v in settings.items() if k not in (*_CHANNEL_BLOCKS, *_HANDOFF_SETTINGS)
+            k: v for k, v in settings.items() if k not in blocks and k not in _HANDOFF_SETTINGS
         },
-        channels=s.ChannelsOut(
-            twilio=s.TwilioOut(
-                configured="twilio" in settings,
-                account_sid=twilio.get("account_sid"),
-                whatsapp_from=twilio.get("whatsapp_from"),
-                auth_token_set=bool(twilio.get("auth_token")),
-            ),
-            telegram=s.TelegramOut(
-                configured="telegram" in settings,
-                bot_token_set=bool(telegram.get("bot_token")),
-                webhook_secret_set=bool(telegram.get("webhook_secret")),
-            ),
-        ),
+        channels=s.ChannelsOut(**{c.block: _channel_out(c, settings) for c in CHANNELS}),
         embedder=agent.embedder,
         embedding_dim=agent.embedding_dim,
         knowledge_version=agent.knowledge_version,
@@ -322,7 +324,8 @@ def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
         else:
             settings[key] = value
     channels = body.channels
-    for name in _CHANNEL_BLOCKS:
+    for channel in CHANNELS:
+        name = channel.block
         if channels is None or name not in channels.model_fields_set:
             continue
         patch: BaseModel | None = getattr(channels, name)
@@ -339,14 +342,16 @@ def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
         settings[name] = block
     # The channels read a block as a whole: one that cannot verify webhooks is refused now,
     # not at the first message.
-    if "twilio" in settings and not _block(settings, "twilio").get("auth_token"):
-        raise InvalidInput(
-            "channels.twilio.auth_token: required while the agent has a Twilio block"
-        )
-    if "telegram" in settings and not _block(settings, "telegram").get("webhook_secret"):
-        raise InvalidInput(
-            "channels.telegram.webhook_secret: required while the agent has a Telegram block"
-        )
+    for channel in CHANNELS:
+        if channel.block not in settings:
+            continue
+        stored = _block(settings, channel.block)
+        for spec in channel.credential_fields:
+            if spec.required and not stored.get(spec.name):
+                raise InvalidInput(
+                    f"channels.{channel.block}.{spec.name}: {spec.label} is required while "
+                    f"the agent has {channel.title} credentials of its own"
+                )
     validate_handoff_settings(settings)
     validate_llm_limits(settings)
     return settings
@@ -484,7 +489,7 @@ async def staff_reply(call: Call) -> s.StaffMessageOut:
 @operation(
     "GET",
     "/inbox",
-    "WhatsApp and Telegram messages that failed, or wait too long for their answer",
+    "Messages of the messaging channels that failed, or wait too long for their answer",
     "inbox",
     query=s.InboxQuery,
     response=s.InboxList,
@@ -508,7 +513,7 @@ async def list_inbox(call: Call) -> s.InboxList:
             channel=row.channel,
             customer=row.conversation_key,
             conversation_id=row.conversation_id,
-            text=message_text(row.channel, row.payload),
+            text=InboundMessage.from_json(row.message).text,
             status=row.status,  # type: ignore[arg-type]  # only open or failed rows are listed
             attempts=row.attempts,
             error=row.error,

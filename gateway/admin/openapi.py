@@ -13,6 +13,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from channels.api import TurnBody
+from channels.base import Channel, WebhookDoc
+from channels.registry import CHANNELS
 from channels.web import ChatBody, ClearBody
 from core.store.database import MAX_ID
 from core.store.staff import Role
@@ -145,33 +147,25 @@ _CHANNEL_ROUTES = (
         body=TurnBody,
         security="api_key",
     ),
-    _Doc(
-        "POST",
-        "/webhooks/twilio/{agent}",
-        "twilio_webhook",
-        "Twilio WhatsApp webhook (form-encoded, signed with X-Twilio-Signature)",
-        "channels",
-        body_type="application/x-www-form-urlencoded",
-        security="webhook",
-    ),
-    _Doc(
-        "POST",
-        "/webhooks/twilio/status",
-        "twilio_status",
-        "Twilio delivery-status callback",
-        "channels",
-        body_type="application/x-www-form-urlencoded",
-        security="webhook",
-    ),
-    _Doc(
-        "POST",
-        "/webhooks/telegram/{agent}",
-        "telegram_webhook",
-        "Telegram Bot API update (X-Telegram-Bot-Api-Secret-Token)",
-        "channels",
-        security="webhook",
-    ),
 )
+
+
+def _from_webhook(channel: Channel, hook: WebhookDoc) -> _Doc:
+    """A messaging channel's route, as the channel declares it (`channels.registry`)."""
+    environment = ", ".join(f.setting.upper() for f in channel.credential_fields if f.setting)
+    return _Doc(
+        hook.method.upper(),
+        hook.path,
+        hook.operation_id,
+        hook.summary,
+        "channels",
+        body_type=hook.content_type or "application/json",
+        security="webhook",
+        description=f"{channel.title}: verified with the agent's own credentials "
+        f"(channels.{channel.block} of PATCH /api/v1/admin/agents/{{agent}}), else with the "
+        f"environment's ({environment}).",
+    )
+
 
 _SECURITY: dict[str, list[dict[str, list[str]]]] = {
     "admin": [{"adminToken": []}, {"staffSession": []}],
@@ -365,7 +359,11 @@ def _models(docs: Iterable[_Doc]) -> list[tuple[type[BaseModel], JsonSchemaMode]
 @functools.cache
 def openapi_document() -> dict[str, Any]:
     """The whole document; every admin operation is in it by construction."""
-    docs = [*(_from_operation(op) for op in OPERATIONS), *_CHANNEL_ROUTES]
+    docs = [
+        *(_from_operation(op) for op in OPERATIONS),
+        *_CHANNEL_ROUTES,
+        *(_from_webhook(channel, hook) for channel in CHANNELS for hook in channel.webhooks),
+    ]
     refs, top = models_json_schema(_models(docs), ref_template=_REF)
     schemas: dict[str, Any] = top.get("$defs", {})
     paths: dict[str, dict[str, Any]] = {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -13,16 +14,21 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
+    WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from channels.base import Channel
+from channels.credentials import CredentialField
+from channels.registry import CHANNELS, channel_names
 from core.errors import InvalidInput
 from core.patterns import compile_pattern
 from core.store.database import MAX_ID
 from core.turns import MAX_MESSAGE_CHARS, PageContext
 
-ChannelName = Literal["web", "api", "whatsapp", "telegram", "playground", "test"]
 _LANGUAGE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$"
 
 # The longest answer an agent may ask the model for, in words.
@@ -48,6 +54,20 @@ def _in_utc(value: datetime) -> datetime:
 
 # A date and time in a query string, in ISO 8601.
 Moment = Annotated[datetime, BeforeValidator(_written_as_date), AfterValidator(_in_utc)]
+
+
+def _known_channel(value: str) -> str:
+    if value not in channel_names():
+        raise ValueError(f"{value!r} is not a channel; give one of {', '.join(channel_names())}")
+    return value
+
+
+# A conversation's channel: a messaging channel of the registry, or one answered directly.
+ChannelName = Annotated[
+    str,
+    AfterValidator(_known_channel),
+    WithJsonSchema({"type": "string", "enum": list(channel_names())}),
+]
 
 
 def _nul_at(value: Any, where: str) -> str | None:
@@ -171,24 +191,138 @@ class StaffPatch(Body):
 # -- agents ---------------------------------------------------------------------------------
 
 
-class TwilioOut(Out):
-    configured: bool
-    account_sid: str | None = None
-    whatsapp_from: str | None = None
-    auth_token_set: bool = False
+# Each messaging channel's credentials, as the agent's settings block of its name holds them
+# (``channels.twilio``, ``channels.telegram``...): the models are made from the channel's
+# declared `CredentialField`s, so a channel added to the registry is in the API, the console
+# and the OpenAPI document with no change here.
+
+# No credential is this long.
+_CREDENTIAL_CHARS = 2048
+# A value without a declared form is still one line, without spaces at either end: a token
+# pasted with a line break is refused here, rather than stored to fail every webhook.
+_ONE_LINE = r"\S(.*\S)?"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class TelegramOut(Out):
-    configured: bool
-    bot_token_set: bool = False
-    webhook_secret_set: bool = False
+def _model_name(channel: Channel, suffix: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", channel.block)) + suffix
 
 
-class ChannelsOut(Out):
-    """Whether each messaging channel has credentials of the agent's own; secrets never shown."""
+def _form_check(channel: Channel, spec: CredentialField) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if spec.pattern is not None:
+            if not re.fullmatch(spec.pattern, value):
+                raise ValueError(
+                    f"not of the form {channel.title} uses ({spec.help or spec.pattern})"
+                )
+        elif not re.fullmatch(_ONE_LINE, value) or _CONTROL.search(value):
+            raise ValueError("give it on one line, without spaces at either end")
+        return value
 
-    twilio: TwilioOut
-    telegram: TelegramOut
+    return check
+
+
+def _credential(channel: Channel, spec: CredentialField) -> Any:
+    """The type of one field's value in a request: text of the declared form, taken as sent
+    (not stripped, so that the document's pattern is what is accepted)."""
+    pattern = spec.pattern if spec.pattern is not None else _ONE_LINE
+    return Annotated[
+        str,
+        StringConstraints(strip_whitespace=False, min_length=1, max_length=_CREDENTIAL_CHARS),
+        AfterValidator(_form_check(channel, spec)),
+        WithJsonSchema(
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": _CREDENTIAL_CHARS,
+                "pattern": f"^(?:{pattern})$",
+            }
+        ),
+    ]
+
+
+def _described(spec: CredentialField, *notes: str) -> str:
+    said = spec.label + (f" ({spec.help})" if spec.help else "")
+    return "; ".join((said, *(n for n in notes if n)))
+
+
+def _channel_out(channel: Channel) -> type[Out]:
+    fields: dict[str, Any] = {
+        "configured": (
+            bool,
+            Field(
+                description="the agent has credentials of its own (else the environment's apply)"
+            ),
+        )
+    }
+    for spec in channel.credential_fields:
+        if spec.secret:
+            fields[f"{spec.name}_set"] = (
+                bool,
+                Field(False, description=_described(spec, "whether it is stored; never shown")),
+            )
+        else:
+            fields[spec.name] = (str | None, Field(None, description=_described(spec)))
+    return create_model(
+        _model_name(channel, "Out"),
+        __base__=Out,
+        __doc__=f"{channel.title}: the agent's own credentials; secrets only as whether set.",
+        **fields,
+    )
+
+
+def _channel_patch(channel: Channel) -> type[Body]:
+    fields: dict[str, Any] = {}
+    for spec in channel.credential_fields:
+        notes = (
+            "required while the agent has this block" if spec.required else "",
+            "write-only: stored encrypted, never shown" if spec.secret else "",
+        )
+        fields[spec.name] = (
+            _credential(channel, spec) | None,
+            Field(
+                None,
+                description=_described(spec, *notes),
+                json_schema_extra={"writeOnly": True} if spec.secret else None,
+            ),
+        )
+    return create_model(
+        _model_name(channel, "Patch"),
+        __base__=Body,
+        __doc__=f"{channel.title}: fields given replace the stored ones; null removes one.",
+        **fields,
+    )
+
+
+# By settings block (``twilio``): the generated models of each channel.
+CHANNEL_OUT: Mapping[str, type[Out]] = {c.block: _channel_out(c) for c in CHANNELS}
+CHANNEL_PATCH: Mapping[str, type[Body]] = {c.block: _channel_patch(c) for c in CHANNELS}
+
+if TYPE_CHECKING:
+    ChannelsOut = Out
+    ChannelsPatch = Body
+else:
+    ChannelsOut = create_model(
+        "ChannelsOut",
+        __base__=Out,
+        __doc__="Whether each messaging channel has credentials of the agent's own; secrets "
+        "never shown.",
+        **{c.block: (CHANNEL_OUT[c.block], Field(description=c.title)) for c in CHANNELS},
+    )
+    ChannelsPatch = create_model(
+        "ChannelsPatch",
+        __base__=Body,
+        __doc__="A channel set to null loses the agent's own credentials (the environment's "
+        "apply). Secrets are stored encrypted under PARLEY_SECRETS_KEY; without it they are "
+        "refused (409).",
+        **{
+            c.block: (
+                CHANNEL_PATCH[c.block] | None,
+                Field(None, description=f"{c.title}; null removes the agent's own credentials"),
+            )
+            for c in CHANNELS
+        },
+    )
 
 
 class AgentOut(Out):
@@ -218,27 +352,6 @@ class AgentOut(Out):
 
 class AgentList(Out):
     items: list[AgentOut]
-
-
-class TwilioPatch(Body):
-    """Fields given replace the stored ones; null removes one."""
-
-    account_sid: str | None = Field(None, pattern=r"^AC[0-9a-fA-F]{32}$")
-    auth_token: str | None = Field(None, min_length=1, max_length=200)
-    whatsapp_from: str | None = Field(None, pattern=r"^(whatsapp:)?\+[1-9][0-9]{6,14}$")
-
-
-class TelegramPatch(Body):
-    bot_token: str | None = Field(None, pattern=r"^[0-9]{1,20}:[A-Za-z0-9_-]{20,100}$")
-    webhook_secret: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,256}$")
-
-
-class ChannelsPatch(Body):
-    """A channel set to null loses the agent's own credentials (the environment's apply).
-    Secrets are stored encrypted under PARLEY_SECRETS_KEY; without it they are refused (409)."""
-
-    twilio: TwilioPatch | None = None
-    telegram: TelegramPatch | None = None
 
 
 def _number(value: Any) -> bool:
@@ -300,7 +413,7 @@ class AgentPatch(Body):
     @field_validator("settings")
     @classmethod
     def _no_secrets_here(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        reserved = {"twilio", "telegram"} & set(value or {})
+        reserved = {c.block for c in CHANNELS} & set(value or {})
         if reserved:
             raise ValueError(f"set {', '.join(sorted(reserved))} through channels")
         _check_known_settings(value or {})
@@ -329,8 +442,17 @@ class ConversationOut(Out):
     agent: str
     agent_name: str
     channel: str
-    customer: str
-    conversation_key: str
+    customer: str = Field(
+        description="who staff are talking to: the customer's name, else @handle, else the "
+        "channel's own id (conversation_key)"
+    )
+    customer_name: str | None = Field(
+        None, description="as the channel gave it (a WhatsApp profile name, a Telegram name)"
+    )
+    customer_handle: str | None = Field(None, description="a user name (Telegram), without @")
+    conversation_key: str = Field(
+        description="the channel's own id of the chat: a phone number, a chat id, a session id"
+    )
     status: str
     assigned_to: str | None
     language: str | None

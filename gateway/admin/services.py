@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from channels.registry import secret_fields
 from core.handoff import Handoff
 from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
@@ -50,13 +51,17 @@ class AdminServices:
         cache: Cache,
         embedder: Embedder,
         handoff: Handoff,
+        agents: Agents,
     ) -> AdminServices:
         staff = StaffAccounts(pool)
         knowledge = KnowledgeStore(pool)
         return cls(
             auth=StaffAuth(settings, staff, StaffSessions(pool), cache),
             # No remembered agents: staff must see a change the moment they made it.
-            agents=Agents(pool, keyring=Keyring.from_settings(settings)),
+            # Channel secrets written here are sealed: the registry says which fields are.
+            agents=Agents(
+                pool, keyring=Keyring.from_settings(settings), secret_fields=secret_fields()
+            ),
             staff=staff,
             transcripts=Transcripts(pool),
             gaps=ContentGaps(pool),

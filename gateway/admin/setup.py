@@ -11,12 +11,17 @@ from gateway.admin.console import setup_console
 from gateway.admin.guard import admin_guard
 from gateway.admin.openapi import openapi_routes
 from gateway.admin.services import AdminServices
-from gateway.keys import ADMIN, CACHE, DATABASE, EMBEDDER, HANDOFF, SETTINGS
+from gateway.keys import ADMIN, CACHE, DATABASE, EMBEDDER, HANDOFF, RUNTIME, SETTINGS
 
 
 async def _admin_services(app: web.Application) -> AsyncIterator[None]:
     services = AdminServices.build(
-        app[SETTINGS], app[DATABASE].pool, app[CACHE], app[EMBEDDER], app[HANDOFF]
+        app[SETTINGS],
+        app[DATABASE].pool,
+        app[CACHE],
+        app[EMBEDDER],
+        app[HANDOFF],
+        app[RUNTIME].agents,
     )
     app[ADMIN] = services
     yield

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from channels.registry import secret_fields
 from core.errors import InvalidInput
 from core.keyring import Keyring
 from core.llm.limits import (
@@ -14,8 +15,8 @@ from core.llm.limits import (
     RATE_SETTING,
     validate_llm_limits,
 )
-from core.retrieval.embedders import EmbedderIdentity
 from core.store import Agent, Agents
+from core.store.vector_index import EmbedderIdentity
 from gateway.runtime import Runtime
 
 
@@ -125,7 +126,11 @@ def _table(rows: dict[str, object]) -> None:
 
 
 async def run(args: argparse.Namespace, runtime: Runtime) -> None:
-    agents = Agents(runtime.database.pool, keyring=Keyring.from_settings(runtime.settings))
+    agents = Agents(
+        runtime.database.pool,
+        keyring=Keyring.from_settings(runtime.settings),
+        secret_fields=secret_fields(),
+    )
     if args.action == "create":
         agent = await agents.create(
             args.name,

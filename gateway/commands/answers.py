@@ -6,13 +6,11 @@ import argparse
 import sys
 import uuid
 
-from core.answer.factory import build_pipeline
 from core.errors import Unavailable
-from core.llm.openai_chat import close_chat_model, open_chat_model
 from core.store import Agents
 from core.store.api_keys import ApiKeys
 from core.turns import TurnEvent, TurnRequest
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, open_answering
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,19 +51,10 @@ class TerminalOutput:
 
 
 async def ask(args: argparse.Namespace, runtime: Runtime) -> int:
-    await Agents(runtime.database.pool).get(args.agent)
-    chat = open_chat_model(runtime.settings)
-    try:
-        pipeline = build_pipeline(
-            runtime.settings,
-            runtime.database.pool,
-            runtime.cache,
-            runtime.embedder,
-            runtime.http,
-            chat,
-        )
+    await runtime.agents.get(args.agent)
+    async with open_answering(runtime) as answering:
         output = TerminalOutput()
-        await pipeline.run(
+        await answering.pipeline.run(
             TurnRequest(
                 agent=args.agent,
                 channel="test",
@@ -75,10 +64,7 @@ async def ask(args: argparse.Namespace, runtime: Runtime) -> int:
             ),
             output,
         )
-        await pipeline.memory.drain()
-    finally:
-        if chat is not None:
-            await close_chat_model(chat)
+        await answering.pipeline.memory.drain()
     if output.failed:
         raise Unavailable(output.failed)
     return 0

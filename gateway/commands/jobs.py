@@ -12,7 +12,7 @@ from core.errors import Conflict, NotFound
 from core.jobs.scheduler import Skipped, job_schedules, jobs_zone
 from core.settings import JOB_NAMES
 from core.store.job_runs import JobRuns
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, open_answering
 from gateway.scheduled import job_runner, open_jobs
 
 
@@ -78,7 +78,7 @@ async def _list(args: argparse.Namespace, runtime: Runtime) -> None:
 async def _run(args: argparse.Namespace, runtime: Runtime) -> int:
     if args.name not in JOB_NAMES:
         raise NotFound(f"unknown job {args.name!r}; the jobs are {', '.join(JOB_NAMES)}")
-    async with open_jobs(runtime) as jobs:
+    async with open_answering(runtime) as answering, open_jobs(answering) as jobs:
         outcome = await job_runner(runtime).run(jobs[args.name])
     if isinstance(outcome, Skipped):
         holder = outcome.holder

@@ -12,9 +12,9 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from core.errors import InvalidInput
 from core.knowledge.ingest import Ingestor, IngestProgress, IngestReport
 from core.knowledge.sources import SourceSpec, parse_source
-from core.retrieval.embedders import EmbedderIdentity
 from core.store import Agents
 from core.store.knowledge import KnowledgeStore, SourceRecord, reembed_agent
+from core.store.vector_index import EmbedderIdentity
 from gateway.runtime import Runtime
 
 

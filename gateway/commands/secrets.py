@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from channels.registry import secret_fields
 from core.errors import ConfigError
 from core.keyring import KEY_SETTING, OLD_KEYS_SETTING, Keyring, new_key
 from core.settings import Settings
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 async def _rotate(settings: Settings, keyring: Keyring) -> Resealed:
     database = await open_database(settings, max_size=1)
     try:
-        return await Agents(database.pool).reseal_secrets(keyring)
+        return await Agents(database.pool).reseal_secrets(keyring, secret_fields())
     finally:
         await database.close()
 

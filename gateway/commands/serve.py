@@ -17,10 +17,10 @@ from pydantic import SecretStr
 from core.errors import ConfigError, NotFound
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity
 from core.settings import Settings
 from core.store import Agents
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from gateway.access_log import AccessLogger
 from gateway.app import create_app
 from gateway.demo import DEMO_SITE, DemoSite

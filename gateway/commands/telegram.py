@@ -18,10 +18,10 @@ from telegram.error import Conflict as TelegramConflict
 from telegram.error import InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
 
-from channels.credentials import ChannelNotConfigured, telegram_credentials
-from channels.delivery import DeliveryError
-from channels.telegram import store_update
+from channels.credentials import ChannelNotConfigured
+from channels.telegram import TELEGRAM, store_update
 from channels.telegram_send import TelegramSender
+from core.delivery import DeliveryError
 from core.errors import ConfigError, Conflict, InvalidInput, ParleyError, Unavailable
 from core.logcontext import configure_logging
 from core.settings import Settings
@@ -97,7 +97,7 @@ def _bot_token(agent: Agent, settings: Settings, *, need_secret: bool) -> str:
     """The agent's bot token, else TELEGRAM_BOT_TOKEN. Polling needs no webhook secret, so
     without an agent block the environment's token is enough for it."""
     try:
-        token = telegram_credentials(agent, settings).bot_token
+        token = TELEGRAM.credentials(agent, settings).secret("bot_token")
     except ChannelNotConfigured:
         if need_secret or agent.settings.get("telegram") is not None:
             raise
@@ -135,7 +135,9 @@ async def _open_bot(sender: TelegramSender, token: str, api_base: str) -> Bot:
 
 async def set_webhook(agent: Agent, settings: Settings, url: str | None) -> int:
     url = _webhook_url(agent, settings, url)
-    secret = telegram_credentials(agent, settings).webhook_secret
+    secret = TELEGRAM.credentials(agent, settings).secret("webhook_secret")
+    if secret is None:  # a required field: `credentials` refuses a block without it
+        raise ChannelNotConfigured(f"no Telegram webhook secret for agent {agent.slug!r}")
     token = _bot_token(agent, settings, need_secret=True)
     api_base = str(settings.telegram_api_base)
     sender = TelegramSender(token, api_base=api_base)

@@ -12,6 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from playwright.async_api import Browser, Page, expect
 
+from channels.registry import BY_NAME
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database
@@ -20,6 +21,7 @@ from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.e2e.browser import ARTIFACTS, chromium
 from tests.support.console import SUMMARY, TOKEN, WHATSAPP, Seeded, seed
+from tests.support.deliveries import add_delivery
 
 
 @dataclass
@@ -72,7 +74,7 @@ async def test_filter_open_take_over_and_reply(browser: Browser, console: Consol
     ARTIFACTS.mkdir(exist_ok=True)
     await page.screenshot(path=ARTIFACTS / "console-conversations.png", full_page=True)
 
-    await page.get_by_label("Channel").select_option(label="WhatsApp")
+    await page.get_by_label("Channel").select_option(label=BY_NAME["whatsapp"].title)
     await page.get_by_role("button", name="Filter").click()
     await expect(rows).to_have_count(1)
     assert "channel=whatsapp" in page.url
@@ -226,7 +228,7 @@ async def _troubled_inbox(console: Console) -> tuple[int, int]:
         ("SM-stuck", "whatsapp:+31600000001", "Where is my order?"),
     ]:
         payload = {"MessageSid": sid, "From": key, "Body": body, "NumMedia": "0"}
-        assert await Inbox(pool).add(agent.id, "whatsapp", sid, key, payload)
+        assert await add_delivery(Inbox(pool), agent.id, "whatsapp", sid, key, payload)
         ids.append(await pool.fetchval("SELECT id FROM inbox WHERE provider_message_id = $1", sid))
     failed, stuck = ids
     await pool.execute(

@@ -14,9 +14,10 @@ from playwright.async_api import Browser, Page, expect
 from core.handoff import Handoff
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from gateway.demo import DEMO_SITE, DemoSite
 from gateway.keys import HANDOFF

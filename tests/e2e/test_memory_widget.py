@@ -11,10 +11,11 @@ from playwright.async_api import expect
 
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from gateway.demo import DemoSite
 from tests.e2e.browser import ask, chromium, last_answer, open_chat, widget

@@ -1,4 +1,4 @@
-"""A local OpenAI-compatible server: `/v1/embeddings` and a scriptable `/v1/chat/completions`."""
+"""A local OpenAI-compatible server: embeddings, and scriptable chat and audio transcriptions."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import numpy as np
 from aiohttp import web
 
 Responder = Callable[[dict[str, Any]], str]
+# Audio bytes -> transcript.
+Transcriber = Callable[[bytes], str]
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -24,6 +26,10 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
 }
 _POLL = 0.01  # how often a waiting handler looks whether the client is still there
+# What OpenAI's transcription endpoint accepts, told by the file name's extension.
+AUDIO_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "oga", "ogg", "wav", "webm")
+# OpenAI refuses larger uploads.
+MAX_AUDIO_BYTES = 25 * 1024 * 1024
 
 
 def fake_vector(text: str, dimension: int) -> list[float]:
@@ -51,6 +57,11 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status, headers=headers)
 
 
+def audio_key(audio: bytes) -> str:
+    """The key of ``FakeOpenAI.transcripts``: the audio's sha256, in hex."""
+    return hashlib.sha256(audio).hexdigest()
+
+
 def _client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
@@ -62,6 +73,9 @@ class FakeOpenAI:
 
     Chat replies come from ``replies[model]`` (a queue, first in first out), else from
     ``responder(body)``, else ``default_reply``; they stream word by word.
+
+    Transcripts come from ``transcripts[audio_key(audio)]``, else ``transcriber(audio)``,
+    else ``default_transcript``; `transcription_requests` tells what was uploaded.
     """
 
     dimension: int = 64
@@ -87,17 +101,32 @@ class FakeOpenAI:
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     chats_in_flight: int = 0  # chat requests being answered now
     most_chats_in_flight: int = 0  # the most there ever were at once
+    transcripts: dict[str, str] = field(default_factory=dict)
+    transcriber: Transcriber | None = None
+    default_transcript: str = "This is what the fake heard."
+    # Statuses the transcription route answers before succeeding, e.g. [500] or [401].
+    transcription_failures: list[int] = field(default_factory=list)
+    transcription_delay: float = 0.0  # seconds before a transcript is answered
 
     def app(self) -> web.Application:
-        app = web.Application()
+        # Room for OpenAI's own upload limit, so the fake answers 413 where OpenAI would.
+        app = web.Application(client_max_size=MAX_AUDIO_BYTES + 1024 * 1024)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/audio/transcriptions", self._transcription)
         return app
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
         """The bodies of the chat requests, in order: model, messages, temperature, ..."""
         return [r["body"] for r in self.requests if r["path"] == "/v1/chat/completions"]
+
+    @property
+    def transcription_requests(self) -> list[dict[str, Any]]:
+        """What each transcription request sent, in order: ``model``, ``filename``,
+        ``content_type`` and ``size`` of the file, its ``sha256`` (`audio_key`), and any
+        other form fields as sent (``language``, ``response_format``, ...)."""
+        return [r["body"] for r in self.requests if r["path"] == "/v1/audio/transcriptions"]
 
     def _record(self, request: web.Request, body: dict[str, Any]) -> None:
         self.requests.append(
@@ -124,6 +153,52 @@ class FakeOpenAI:
                 "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
             }
         )
+
+    # -- transcriptions -------------------------------------------------------------------
+
+    async def _transcription(self, request: web.Request) -> web.Response:
+        # multipart/form-data: the audio in `file` (its name tells the format) and `model`.
+        if request.content_type != "multipart/form-data":
+            return _error(400, "Expected a multipart/form-data request body.")
+        form = await request.post()
+        upload = form.get("file")
+        body: dict[str, Any] = {
+            name: value for name, value in form.items() if isinstance(value, str)
+        }
+        audio = b""
+        if isinstance(upload, web.FileField):
+            with upload.file:
+                audio = upload.file.read()
+            body.update(
+                filename=upload.filename,
+                content_type=upload.content_type,
+                size=len(audio),
+                sha256=audio_key(audio),
+            )
+        self._record(request, body)
+        if self.transcription_failures:
+            return _error(self.transcription_failures.pop(0), self.error_message)
+        if not body.get("model"):
+            return _error(400, "you must provide a model parameter")
+        if not isinstance(upload, web.FileField):
+            return _error(400, "Could not parse multipart form: the file is missing.")
+        if upload.filename.rsplit(".", 1)[-1].lower() not in AUDIO_FORMATS or not audio:
+            return _error(400, f"Invalid file format. Supported formats: {list(AUDIO_FORMATS)}")
+        if self.transcription_delay and not await self._wait(request, self.transcription_delay):
+            return web.Response(status=499)  # nobody is listening any more
+        key = audio_key(audio)
+        if key in self.transcripts:
+            text = self.transcripts[key]
+        elif self.transcriber is not None:
+            text = self.transcriber(audio)
+        else:
+            text = self.default_transcript
+        response_format = body.get("response_format", "json")
+        if response_format == "text":
+            return web.Response(text=text + "\n", content_type="text/plain")
+        if response_format != "json":
+            return _error(400, f"response_format {response_format!r}: this fake knows json, text")
+        return web.json_response({"text": text})
 
     # -- chat ---------------------------------------------------------------------------
 

@@ -15,8 +15,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from core.errors import Conflict
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from gateway.keys import DATABASE
 from tests.conftest import MakeSettings

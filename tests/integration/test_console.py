@@ -15,6 +15,7 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from channels.registry import BY_NAME
 from core.keyring import Keyring
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
@@ -42,6 +43,7 @@ from tests.support.console import (
     form_token_of,
     seed,
 )
+from tests.support.deliveries import add_delivery
 
 Client = TestClient[web.Request, web.Application]
 
@@ -310,7 +312,7 @@ async def test_the_conversation_list_shows_every_channel(console: Console) -> No
     rows = re.findall(r'<tr data-conversation="(\d+)">', html)
     listed = {key for key, id_ in console.data.conversations.items() if str(id_) in rows}
     assert listed == {WHATSAPP, TELEGRAM, "web-session-0001", "web-session-0002", "api-customer-42"}
-    for channel in ("WhatsApp", "Telegram", "Website", "API"):
+    for channel in (BY_NAME["whatsapp"].title, BY_NAME["telegram"].title, "Website", "API"):
         assert f">{channel}</span>" in html
     assert WHATSAPP in html
     assert "Anna de Vries" in html  # a customer with a name is shown by name
@@ -748,7 +750,7 @@ async def test_the_inbox_lists_failed_and_stuck_messages_and_retries_them(
 
     async def message(sid: str, key: str, body: str, channel: str = "whatsapp") -> int:
         payload = {"MessageSid": sid, "From": key, "Body": body, "NumMedia": "0"}
-        assert await Inbox(pool).add(agent.id, channel, sid, key, payload)
+        assert await add_delivery(Inbox(pool), agent.id, channel, sid, key, payload)
         found: int = await pool.fetchval("SELECT id FROM inbox WHERE provider_message_id = $1", sid)
         return found
 

@@ -17,6 +17,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 from pytest_aiohttp import AiohttpServer
 
+from core.documents import Document, ReadError
 from core.knowledge.crawl import (
     CrawlLimits,
     Unchanged,
@@ -24,7 +25,6 @@ from core.knowledge.crawl import (
     page_links,
     parse_sitemap,
 )
-from core.knowledge.documents import Document, ReadError
 from core.knowledge.outbound import crawler_session
 from tests.support.services import LOOPBACK
 

@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from httpx_sse import aconnect_sse
 
 from core.errors import InvalidInput
-from core.retrieval.embedders import EmbedderIdentity
 from core.store import Agents
 from core.store.curated import CuratedAnswers
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from gateway.keys import DATABASE, EMBEDDER
 from tests.conftest import MakeSettings

@@ -30,9 +30,10 @@ from hypothesis import strategies as st
 from multidict import MultiDict
 from twilio.request_validator import RequestValidator
 
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.api_keys import ApiKeys
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from tests.conftest import MakeSettings
 

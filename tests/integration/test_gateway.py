@@ -13,9 +13,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from core.errors import EmbedderMismatch
-from core.retrieval.embedders import EmbedderIdentity
 from core.settings import Settings
 from core.store import Agents, open_database
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.support.services import RedisServer, with_database
@@ -175,8 +175,8 @@ async def test_the_language_models_are_read_at_start_not_by_the_first_turn(
     aiohttp_client: MakeClient, settings: Settings
 ) -> None:
     # Reading them takes a second or two and blocks: in a turn it would stall every chat.
+    from core import locale
     from core.answer import question
-    from core.knowledge import locale
 
     question._model.cache_clear()
     question._identifier.cache_clear()

@@ -25,9 +25,10 @@ from core.errors import InvalidInput
 from core.handoff import ConversationFeed, Handoff
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, TurnRequest
 from gateway.app import create_app
 from gateway.keys import HANDOFF

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agents, Database
 from core.store.inbox import ConversationRef, Inbox, InboxLeases, complete, hold
+from core.store.vector_index import EmbedderIdentity
+from tests.support.deliveries import add_delivery
 
 CHATTY = "whatsapp:+31600000001"
 QUIET = "whatsapp:+31600000002"
@@ -16,7 +18,7 @@ async def _deliver(database: Database, agent_id: int, key: str, count: int, age:
     inbox = Inbox(database.pool)
     for _ in range(count):
         number = await database.pool.fetchval("SELECT count(*) FROM inbox")
-        await inbox.add(agent_id, "whatsapp", f"SM{number:032d}", key, {"Body": "hello"})
+        await add_delivery(inbox, agent_id, "whatsapp", f"SM{number:032d}", key, {"Body": "hello"})
     await database.pool.execute(
         """UPDATE inbox SET received_at = now() - make_interval(secs => $2)
             WHERE conversation_key = $1 AND status = 'pending'""",

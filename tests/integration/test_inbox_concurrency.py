@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from channels.registry import BY_NAME
 from core.answer.factory import build_pipeline
 from core.answer.pipeline import AnswerPipeline
 from core.cache import RedisCache
@@ -24,14 +25,15 @@ from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.llm.limits import ModelLimits
 from core.llm.openai_chat import OpenAIChatModel
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.inbox import Inbox
 from core.store.knowledge import KnowledgeStore
-from gateway.durable import reply_splitters
+from core.store.vector_index import EmbedderIdentity
 from tests.fakes.openai import FakeOpenAI
 from tests.integration.test_inbox_worker import Running
+from tests.support.deliveries import add_delivery
 from tests.support.waiting import wait_until
 
 PAGES = [
@@ -59,7 +61,7 @@ class Crowd:
             "concurrency": 64,
             "cpu_slots": 4,
             "limits": self.limits,
-            "splitters": reply_splitters(),
+            "channels": BY_NAME,
             "memory": self.pipeline.memory,
             "holding_after": 0,
         }
@@ -72,7 +74,7 @@ class Crowd:
             customer = f"whatsapp:+3161{number:07d}"
             payload = {"MessageSid": sid, "From": customer, "NumMedia": "0",
                        "Body": "How long does delivery to Belgium take?"}  # fmt: skip
-            assert await self.inbox.add(self.agent.id, "whatsapp", sid, customer, payload)
+            assert await add_delivery(self.inbox, self.agent.id, "whatsapp", sid, customer, payload)
 
     async def all_done(self) -> bool:
         rows = await self.database.pool.fetch("SELECT status FROM inbox")

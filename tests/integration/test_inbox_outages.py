@@ -19,6 +19,8 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
 
+from channels.registry import BY_NAME
+from channels.twilio import parse_message as twilio_message
 from channels.twilio_send import TwilioSender
 from core.answer.factory import build_pipeline
 from core.answer.phrases import phrase
@@ -29,16 +31,17 @@ from core.jobs.outbox_sender import OutboxSender
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.llm.openai_chat import OpenAIChatModel
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.inbox import Backoff, Inbox
 from core.store.knowledge import KnowledgeStore
-from gateway.durable import reply_splitters
+from core.store.vector_index import EmbedderIdentity
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
 from tests.integration.test_inbox_worker import Running
 from tests.support.cli import run_parley
+from tests.support.deliveries import add_delivery
 from tests.support.services import free_port
 from tests.support.waiting import wait_until
 
@@ -72,7 +75,7 @@ class Outage:
             "burst_window": 0.0,
             "lease": 5.0,
             "poll_interval": 0.05,
-            "splitters": reply_splitters(),
+            "channels": BY_NAME,
             "memory": self.pipeline.memory,
             "backoff": Backoff(base=0.05, cap=0.2),
             "holding_after": 0.5,
@@ -94,7 +97,7 @@ class Outage:
         sid = f"SM{self.sid_counter:032d}"
         payload = {"MessageSid": sid, "From": CUSTOMER, "To": WHATSAPP_FROM, "Body": body,
                    "NumMedia": "0"}  # fmt: skip
-        assert await self.inbox.add(self.agent.id, "whatsapp", sid, CUSTOMER, payload)
+        assert await add_delivery(self.inbox, self.agent.id, "whatsapp", sid, CUSTOMER, payload)
 
     async def rows(self) -> list[dict[str, Any]]:
         found = await self.database.pool.fetch(
@@ -263,7 +266,9 @@ async def test_a_message_no_retry_can_answer_fails_at_once(outage: Outage) -> No
     # A chat id longer than any turn may carry: the message can never become a turn.
     odd = "whatsapp:+" + "3" * 300
     payload = {"MessageSid": "SM" + "9" * 32, "From": odd, "Body": "hello", "NumMedia": "0"}
-    assert await outage.inbox.add(outage.agent.id, "whatsapp", "SM" + "9" * 32, odd, payload)
+    assert await add_delivery(
+        outage.inbox, outage.agent.id, "whatsapp", "SM" + "9" * 32, odd, payload
+    )
     worker = outage.worker()
     assert await worker.process_next()
     [row] = await outage.rows()
@@ -336,11 +341,12 @@ async def test_the_worker_outlives_a_database_outage(
                    "naar België?", "NumMedia": "0"}  # fmt: skip
         await spared.execute(
             """INSERT INTO inbox (agent_id, channel, provider_message_id, conversation_key,
-                                  payload)
-               VALUES ($1, 'whatsapp', 'SM1', $2, $3)""",
+                                  payload, message)
+               VALUES ($1, 'whatsapp', 'SM1', $2, $3, $4)""",
             outage.agent.id,
             CUSTOMER,
             json.dumps(payload),
+            json.dumps(twilio_message(payload, "SM1", CUSTOMER).to_json()),
         )
 
         async def worker_saw_the_outage() -> bool:

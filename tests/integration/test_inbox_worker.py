@@ -14,18 +14,20 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from channels.delivery import split_message
+from channels.registry import BY_NAME
 from channels.telegram import store_update
 from channels.telegram_send import TelegramSender
 from channels.twilio_send import TwilioSender
+from core.answer.phrases import phrase
 from core.answer.pipeline import AnswerPipeline, PipelineConfig
 from core.answer.rewrite import QueryRewriter
 from core.cache import RedisCache
-from core.jobs.inbox_worker import DEFAULT_WELCOME, TEXT_ONLY_REPLIES, InboxWorker
+from core.jobs.inbox_worker import DEFAULT_WELCOME, InboxWorker
 from core.jobs.outbox_sender import OutboxSender
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.memory import build_memory
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.retrieval.retriever import build_retriever
 from core.settings import Settings
 from core.store import Agent, Agents, Database
@@ -34,9 +36,10 @@ from core.store.curated import CuratedAnswers
 from core.store.inbox import Backoff, Inbox
 from core.store.knowledge import KnowledgeStore
 from core.store.outbox import Outbox
-from gateway.durable import reply_splitters
+from core.store.vector_index import EmbedderIdentity
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
+from tests.support.deliveries import add_delivery
 from tests.support.waiting import wait_until
 
 WHATSAPP_FROM = "whatsapp:+14155238886"
@@ -69,7 +72,7 @@ class Rig:
             "burst_window": 0.3,
             "lease": 5.0,
             "poll_interval": 0.05,
-            "splitters": reply_splitters(),
+            "channels": BY_NAME,
             "memory": self.pipeline.memory,
         }
         return InboxWorker(self.database.pool, self.pipeline, **{**values, **options})
@@ -83,12 +86,12 @@ class Rig:
         sid = f"SM{self.sid_counter:032d}"
         payload: dict[str, Any] = {
             "MessageSid": sid, "From": sender, "To": WHATSAPP_FROM, "Body": body,
-            "NumMedia": "1" if media else "0", "media_only": media and not body,
+            "NumMedia": "1" if media else "0",
         }  # fmt: skip
         if media:
             payload["MediaContentType0"] = "image/jpeg"
             payload["MediaUrl0"] = "https://api.twilio.com/media/ME1"
-        assert await self.inbox.add(self.agent.id, "whatsapp", sid, sender, payload)
+        assert await add_delivery(self.inbox, self.agent.id, "whatsapp", sid, sender, payload)
 
     async def telegram_message(self, chat_id: int, text: str, language: str = "en") -> None:
         self.sid_counter += 1
@@ -100,10 +103,9 @@ class Rig:
                 "from": {"id": chat_id, "is_bot": False, "first_name": "Ann",
                          "language_code": language},
             },
-            "media_only": False,
         }  # fmt: skip
-        assert await self.inbox.add(
-            self.agent.id, "telegram", str(update["update_id"]), str(chat_id), update
+        assert await add_delivery(
+            self.inbox, self.agent.id, "telegram", str(update["update_id"]), str(chat_id), update
         )
 
     async def statuses(self) -> list[str]:
@@ -423,7 +425,7 @@ async def test_media_only_gets_the_text_only_reply(rig: Rig, running: Running) -
 
     await wait_until(rig.all_done)
     await wait_until(rig.outbox_settled)
-    assert rig.twilio.bodies == [TEXT_ONLY_REPLIES["en"]]
+    assert rig.twilio.bodies == [phrase("text_only", "en")]
 
 
 async def test_telegram_start_gets_the_welcome_and_questions_an_answer(
@@ -485,7 +487,7 @@ async def test_telegram_shows_typing_while_the_answer_is_made(rig: Rig) -> None:
         rig.telegram.token, api_base=existing._api_base, timeout=5.0, typing_interval=0.05
     )
     await rig.telegram_message(777, "How long does delivery to Belgium take?")
-    worker = rig.worker(burst_window=0.0, typing={"telegram": telegram.keep_typing})
+    worker = rig.worker(burst_window=0.0, senders={"telegram": telegram})
     assert await worker.process_next()
     actions = [c for c in rig.telegram.calls if c["method"] == "sendChatAction"]
     assert actions  # shown while the turn ran

@@ -6,9 +6,10 @@ from pathlib import Path
 
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 
 SECRET = "# Server notes\nThe database password is hunter2-outside-the-folder.\n"
 

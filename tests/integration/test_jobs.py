@@ -37,7 +37,7 @@ from core.jobs.scheduler import (
 )
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import JOB_NAMES, Settings
 from core.store import Agent, Agents, Database
 from core.store.answer_checks import AnswerCheck, AnswerChecks
@@ -47,10 +47,12 @@ from core.store.inbox import Inbox
 from core.store.job_runs import INTERRUPTED, JobRun, JobRuns
 from core.store.knowledge import KnowledgeStore
 from core.store.outbox import Outbox, enqueue
-from gateway.runtime import Runtime
+from core.store.vector_index import EmbedderIdentity
+from gateway.runtime import Runtime, open_answering
 from gateway.scheduled import job_runner, open_jobs
 from tests.conftest import MakeSettings
 from tests.support.cli import PARLEY, clean_env, run_parley
+from tests.support.deliveries import add_delivery
 from tests.support.services import LOOPBACK, free_port
 
 PAGES = [
@@ -98,8 +100,8 @@ async def open_test_jobs(
 ) -> AsyncIterator[tuple[dict[str, Job], JobRunner]]:
     """The production jobs and runner, on this test's database."""
     async with aiohttp.ClientSession() as http:
-        runtime = Runtime(settings, database, cache, embedder, http)
-        async with open_jobs(runtime) as jobs:
+        runtime = Runtime(settings, database, cache, embedder, http, Agents(database.pool))
+        async with open_answering(runtime) as answering, open_jobs(answering) as jobs:
             yield jobs, job_runner(runtime)
 
 
@@ -591,7 +593,7 @@ async def test_retention_deletes_only_what_is_old(
     for number, (status, days) in enumerate(
         [("done", 100), ("failed", 100), ("pending", 100), ("done", 5)]
     ):
-        await inbox.add(shop.id, "whatsapp", f"SM{number}", "whatsapp:+31600000001", {})
+        await add_delivery(inbox, shop.id, "whatsapp", f"SM{number}", "whatsapp:+31600000001", {})
         await pool.execute(
             """UPDATE inbox SET status = $2, received_at = now() - $3::interval,
                                 processed_at = now() - $3::interval

@@ -14,11 +14,12 @@ from aiohttp.test_utils import TestServer
 from core.cache import RedisCache
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.retrieval.retriever import RetrievalQuery, Retriever
 from core.store import Agent, Agents, Database
 from core.store.knowledge import KnowledgeStore
 from core.store.search import ChunkSearch
+from core.store.vector_index import EmbedderIdentity
 from tests.support.services import LOOPBACK, free_port
 
 

@@ -33,7 +33,7 @@ from core.memory import (
     catch_up_summaries,
 )
 from core.ports import Cache
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.api_keys import ApiKeys
@@ -41,11 +41,13 @@ from core.store.conversations import Conversations, TurnRecord
 from core.store.inbox import Inbox
 from core.store.knowledge import KnowledgeStore
 from core.store.memory import MemoryStore
+from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, TurnRequest
 from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
+from tests.support.deliveries import add_delivery
 from tests.support.redis_keys import key_prefix
 from tests.support.sse import chat
 
@@ -453,7 +455,7 @@ async def test_a_turn_taken_back_for_a_newer_message_leaves_memory(
 
         async def message(sid: str, text: str) -> None:
             payload = {"MessageSid": sid, "From": VISITOR, "Body": text, "NumMedia": "0"}
-            assert await inbox.add(agent.id, "whatsapp", sid, VISITOR, payload)
+            assert await add_delivery(inbox, agent.id, "whatsapp", sid, VISITOR, payload)
 
         await message("SM1", "Is the Fjord GTX boot waterproof?")
         assert await worker.process_next()

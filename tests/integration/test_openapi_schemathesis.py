@@ -29,10 +29,10 @@ from schemathesis import Case
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 
-from core.retrieval.embedders import EmbedderIdentity
 from core.settings import Settings
 from core.store import Agents
 from core.store.api_keys import ApiKeys
+from core.store.vector_index import EmbedderIdentity
 from gateway.admin.openapi import OPENAPI_PATH, openapi_document
 from gateway.app import create_app
 from gateway.keys import DATABASE, EMBEDDER

@@ -16,9 +16,10 @@ from aiohttp.test_utils import TestServer
 from channels.telegram_send import TelegramSender
 from channels.twilio_send import TwilioSender
 from core.jobs.outbox_sender import OutboxSender
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.outbox import Outbox, OutboxRow, enqueue
+from core.store.vector_index import EmbedderIdentity
 from tests.fakes.telegram import BLOCKED, FakeTelegram, flood
 from tests.fakes.twilio import FakeTwilio
 from tests.support.waiting import wait_until
@@ -344,7 +345,7 @@ async def test_a_part_a_dead_sender_had_sent_is_found_not_resent(rig: Rig) -> No
     await rig.enqueue("whatsapp", ALICE, ["hello"])
     [claimed] = await rig.outbox.claim(10, lease=0.05)
     # The sender that claimed it got the message out, then died before recording it.
-    [sent] = await rig.senders["whatsapp"].send(ALICE, claimed.body)
+    sent = await rig.senders["whatsapp"].send(ALICE, claimed.body)
 
     await rig.drain(rig.sender())
 

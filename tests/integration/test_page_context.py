@@ -19,9 +19,10 @@ from core.cache import RedisCache
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.llm.openai_chat import OpenAIChatModel
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, PageContext, TurnRequest
 from tests.conftest import MakeSettings
 from tests.fakes.openai import FakeOpenAI

@@ -22,11 +22,12 @@ from core.cache import RedisCache
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.llm.openai_chat import OpenAIChatModel
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.curated import CuratedAnswers
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, PageContext, TurnEvent, TurnRequest
 from gateway.app import create_app
 from tests.conftest import MakeSettings

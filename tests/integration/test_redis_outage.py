@@ -24,10 +24,11 @@ from twilio.request_validator import RequestValidator
 
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.api_keys import ApiKeys
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.fakes.telegram import FakeTelegram

@@ -12,12 +12,13 @@ from aiohttp.test_utils import TestServer
 from core.cache import LocalCache
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.retrieval.rerank import HttpReranker
 from core.retrieval.retriever import RetrievalQuery, RetrievalResult, Retriever
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
 from core.store.search import ChunkSearch
+from core.store.vector_index import EmbedderIdentity
 from tests.fakes.rerank import FakeReranker
 
 PAGES = [

@@ -10,12 +10,13 @@ import pytest
 from core.cache import LocalCache
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.retrieval.fusion import EXACT_FROM
 from core.retrieval.retriever import RetrievalQuery, Retriever
 from core.store import Agent, Agents, Database
 from core.store.knowledge import KnowledgeStore
 from core.store.search import ChunkSearch, SearchFilters
+from core.store.vector_index import EmbedderIdentity
 
 # A small FAQ without language folders: Dutch entries and their English twins, questions
 # that share most of their words, and one English-only page.

@@ -17,13 +17,15 @@ from aiohttp.test_utils import TestServer
 from pgserver._commands import POSTGRES_BIN_PATH
 from twilio.request_validator import RequestValidator
 
+from channels.registry import secret_fields
 from core.jobs.outbox_sender import OutboxSender
 from core.keyring import Keyring, SecretsKeyMissing, key_id, new_key
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agents, Database
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
-from gateway.durable import AgentSenders
+from gateway.senders import AgentSenders
 from tests.conftest import SECRETS_KEY, MakeSettings
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
@@ -287,7 +289,9 @@ async def test_without_a_key_no_channel_secret_is_stored(rig: Rig) -> None:
 
     # Nor through the repository itself, whoever calls it.
     with pytest.raises(SecretsKeyMissing, match="PARLEY_SECRETS_KEY"):
-        await Agents(rig.pool).update("cafe", settings={"telegram": {"bot_token": "1:x"}})
+        await Agents(rig.pool, secret_fields=secret_fields()).update(
+            "cafe", settings={"telegram": {"bot_token": "1:x"}}
+        )
 
     # A deployment configured from the environment alone needs no key.
     env_only = await rig.gateway(secrets_key=None, twilio_auth_token="env-token-0123456789")
@@ -303,7 +307,7 @@ async def test_without_a_key_no_channel_secret_is_stored(rig: Rig) -> None:
 async def test_a_key_that_is_not_configured_is_a_clear_error(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await Agents(rig.pool, keyring=Keyring(SECRETS_KEY)).update(
+    await Agents(rig.pool, keyring=Keyring(SECRETS_KEY), secret_fields=secret_fields()).update(
         "shop", settings=channels(rig.twilio, rig.telegram)
     )
     caplog.set_level(logging.WARNING, logger="channels.credentials")
@@ -343,7 +347,7 @@ async def test_a_key_that_is_not_configured_is_a_clear_error(
 
 
 async def test_rotation_re_encrypts_everything_and_the_old_key_can_then_go(rig: Rig) -> None:
-    await Agents(rig.pool, keyring=Keyring(SECRETS_KEY)).update(
+    await Agents(rig.pool, keyring=Keyring(SECRETS_KEY), secret_fields=secret_fields()).update(
         "shop", settings={**channels(rig.twilio, rig.telegram), "persona_note": "kept"}
     )
     # The cafe's bot was stored in clear by an earlier version of Parley.

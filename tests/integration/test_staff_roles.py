@@ -14,12 +14,13 @@ from aiohttp import ClientResponse, DummyCookieJar, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from core.keyring import Keyring
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Database
 from core.store.agents import Agents
 from core.store.migrate import bundled_migrations, migrate
 from core.store.staff import StaffAccounts
+from core.store.vector_index import EmbedderIdentity
 from gateway.admin.api import OPERATIONS, Operation
 from gateway.admin.console import pages
 from gateway.admin.openapi import openapi_document

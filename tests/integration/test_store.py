@@ -10,10 +10,9 @@ import pytest
 from pgvector.asyncpg import register_vector
 
 from core.errors import AgentNotFound, ConfigError, Conflict, EmbedderMismatch, InvalidInput
-from core.retrieval.embedders import EmbedderIdentity
 from core.store import Agents, Database
 from core.store.migrate import Migration, bundled_migrations, migrate
-from core.store.vector_index import check_embedders, index_name
+from core.store.vector_index import EmbedderIdentity, check_embedders, index_name
 
 USE = EmbedderIdentity("use:universal-sentence-encoder-multilingual-3", 512)
 OPENAI = EmbedderIdentity("openai:text-embedding-3-small", 1536)

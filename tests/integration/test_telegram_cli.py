@@ -13,9 +13,10 @@ import pytest
 from pytest_aiohttp import AiohttpServer
 
 from core.keyring import Keyring
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.inbox import Inbox, InboxRow
+from core.store.vector_index import EmbedderIdentity
 from tests.conftest import SECRETS_KEY
 from tests.fakes.telegram import FakeTelegram
 from tests.integration.test_telegram_webhook import GROUP, start_command, text, update
@@ -213,9 +214,10 @@ async def test_poll_stores_updates_like_the_webhook_and_stops_on_sigterm(setup: 
         code, err = await _stop(process)
     assert code == 0, err
     assert [r.provider_message_id for r in rows] == ["800001", "800004"]
-    assert [dict(r.payload) for r in rows] == [
-        sent[0] | {"media_only": False},
-        sent[3] | {"media_only": False},
+    assert [dict(r.payload) for r in rows] == [sent[0], sent[3]]
+    assert [(r.inbound.text, r.inbound.command) for r in rows] == [
+        ("Waar blijft mijn bestelling?", None),
+        (sent[3]["message"]["text"], "start"),
     ]
     assert rows[0].conversation_key == "555000111"
     assert "telegram.poll.stored agent=shop update_id=800001 kind=text" in err

@@ -13,22 +13,12 @@ from pydantic import ValidationError
 from pytest_aiohttp import AiohttpServer
 
 from channels.citations import reply_parts
-from channels.delivery import DeliveryError, split_message
 from channels.telegram_send import MAX_TEXT_CHARS, SEND_TIMEOUT, SERVER_WAIT, TelegramSender
+from core.delivery import DeliveryError
 from core.settings import Settings
 from tests.fakes.telegram import BLOCKED, CANT_PARSE, FakeTelegram, flood
 
 CHAT = 4242
-
-
-def long_answer(chars: int = 10_000) -> str:
-    text, n = "", 0
-    while True:
-        n += 1
-        sentence = f"Point {n}: refunds <within 30 days> & exchanges > store credit, order #{n}."
-        if len(text) + len(sentence) + 2 > chars:
-            return text
-        text += sentence + ("\n\n" if n % 9 == 0 else " ")
 
 
 @pytest.fixture
@@ -67,21 +57,22 @@ async def test_a_wrong_token_is_permanent_and_not_quoted(fake: FakeTelegram, api
     assert info.value.__suppress_context__
 
 
-async def test_a_long_answer_arrives_as_ordered_parts(
+async def test_a_part_is_one_message_in_html(sender: TelegramSender, fake: FakeTelegram) -> None:
+    sent = await sender.send(str(CHAT), "Your order ships tomorrow.")
+
+    [message] = fake.messages
+    assert sent.provider_message_id == str(message["message_id"])
+    assert (message["chat_id"], message["parse_mode"]) == (CHAT, "HTML")
+
+
+async def test_a_part_above_the_limit_is_refused_before_anything_is_sent(
     sender: TelegramSender, fake: FakeTelegram
 ) -> None:
-    text = long_answer()
-    assert len(text) > 9_900
-
-    sent = await sender.send(str(CHAT), text)
-
-    assert fake.texts == split_message(text, MAX_TEXT_CHARS)
-    assert len(fake.texts) >= 3
-    assert all(len(t) <= MAX_TEXT_CHARS for t in fake.texts)
-    assert "".join("".join(fake.texts).split()) == "".join(text.split())
-    assert [s.provider_message_id for s in sent] == [str(m["message_id"]) for m in fake.messages]
-    assert {m["chat_id"] for m in fake.messages} == {CHAT}
-    assert {m["parse_mode"] for m in fake.messages} == {"HTML"}
+    # Replies are cut once, by the channel, when queued: a longer part is a bug upstream.
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(str(CHAT), "x" * (MAX_TEXT_CHARS + 1))
+    assert (info.value.code, info.value.permanent) == ("too_long", True)
+    assert fake.messages == []
 
 
 async def test_text_is_html_escaped(sender: TelegramSender, fake: FakeTelegram) -> None:
@@ -159,23 +150,12 @@ async def test_cant_parse_entities_falls_back_to_plain_text(
 
     sent = await sender.send(str(CHAT), "Tom & Jerry <3")
 
-    assert len(sent) == 1
+    assert sent.provider_message_id == str(fake.messages[0]["message_id"])
     sends = [c["params"] for c in fake.calls if c["method"] == "sendMessage"]
     assert [p.get("parse_mode") for p in sends] == ["HTML", None]
     assert sends[1]["text"] == "Tom & Jerry <3"
     assert fake.messages[0]["text"] == "Tom & Jerry <3"
     assert "telegram.send.plain_fallback" in caplog.messages
-
-
-async def test_only_the_failing_part_falls_back(sender: TelegramSender, fake: FakeTelegram) -> None:
-    text = long_answer(9_000)
-    fake.succeed_first = 1
-    fake.fail_next = [CANT_PARSE]
-
-    await sender.send(str(CHAT), text)
-
-    assert fake.texts == split_message(text, MAX_TEXT_CHARS)
-    assert [m["parse_mode"] for m in fake.messages] == ["HTML", None, "HTML"]
 
 
 async def test_a_blocked_bot_is_permanent(sender: TelegramSender, fake: FakeTelegram) -> None:
@@ -186,7 +166,6 @@ async def test_a_blocked_bot_is_permanent(sender: TelegramSender, fake: FakeTele
 
     assert (info.value.code, info.value.permanent) == ("forbidden", True)
     assert "blocked by the user" in str(info.value)
-    assert (info.value.part, info.value.sent) == (1, [])
 
 
 async def test_other_bad_requests_are_permanent(sender: TelegramSender, fake: FakeTelegram) -> None:
@@ -243,7 +222,8 @@ async def test_server_errors_are_transient(sender: TelegramSender, fake: FakeTel
     )
     # a gateway error from Telegram's front end: the Bot API server behind it may have sent it
     assert info.value.ambiguous
-    assert len(await sender.send(str(CHAT), "hello")) == 1
+    sent = await sender.send(str(CHAT), "hello")  # the next attempt goes through
+    assert sent.provider_message_id == str(fake.messages[-1]["message_id"])
 
 
 def test_the_send_timeout_outlasts_telegrams_own_waiting() -> None:
@@ -299,27 +279,6 @@ async def test_an_unreachable_bot_api_is_not_ambiguous(fake: FakeTelegram) -> No
     )
 
 
-async def test_a_failure_on_part_three_reports_parts_one_and_two(
-    sender: TelegramSender, fake: FakeTelegram
-) -> None:
-    text = long_answer(15_000)
-    parts = split_message(text, MAX_TEXT_CHARS)
-    assert len(parts) >= 4
-    fake.succeed_first = 2
-    fake.fail_next = [(502, "Bad Gateway")]
-
-    with pytest.raises(DeliveryError) as info:
-        await sender.send(str(CHAT), text)
-
-    error = info.value
-    assert (error.part, error.parts) == (3, len(parts))
-    assert [s.provider_message_id for s in error.sent] == ["1", "2"]
-    assert fake.texts == parts[:2]
-
-    await sender.send(str(CHAT), text, skip=len(error.sent))
-    assert fake.texts == parts
-
-
 async def test_typing_sends_the_typing_action(sender: TelegramSender, fake: FakeTelegram) -> None:
     await sender.typing(CHAT)
     [call] = [c for c in fake.calls if c["method"] == "sendChatAction"]
@@ -329,7 +288,7 @@ async def test_typing_sends_the_typing_action(sender: TelegramSender, fake: Fake
 
 async def test_typing_repeats_until_stopped(sender: TelegramSender, fake: FakeTelegram) -> None:
     stop = asyncio.Event()
-    typing = asyncio.create_task(sender.keep_typing(CHAT, stop))
+    typing = asyncio.create_task(sender.keep_typing(str(CHAT), None, stop))
 
     await asyncio.wait_for(fake.wait_for("sendChatAction", 3), 5)
     stop.set()
@@ -345,7 +304,7 @@ async def test_typing_survives_a_transient_failure(
 ) -> None:
     fake.action_fail_next = [(502, "Bad Gateway")]
     stop = asyncio.Event()
-    typing = asyncio.create_task(sender.keep_typing(CHAT, stop))
+    typing = asyncio.create_task(sender.keep_typing(str(CHAT), None, stop))
 
     await asyncio.wait_for(fake.wait_for("sendChatAction", 3), 5)
     stop.set()
@@ -356,7 +315,7 @@ async def test_typing_stops_by_itself_when_the_bot_is_blocked(
     sender: TelegramSender, fake: FakeTelegram
 ) -> None:
     fake.blocked = {CHAT}
-    await asyncio.wait_for(sender.keep_typing(CHAT, asyncio.Event()), 2)
+    await asyncio.wait_for(sender.keep_typing(str(CHAT), None, asyncio.Event()), 2)
     assert fake.count("sendChatAction") == 1
 
 
@@ -367,7 +326,7 @@ async def test_the_token_is_never_logged(
     sender = TelegramSender(fake.token, api_base=api_base)
     try:
         await sender.start()
-        await sender.send(str(CHAT), long_answer(5_000))
+        await sender.send(str(CHAT), "Your parcel left the warehouse today.")
         fake.fail_next = [BLOCKED]
         with pytest.raises(DeliveryError) as info:
             await sender.send(str(CHAT), "hello")

@@ -13,9 +13,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from core.keyring import Keyring
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.inbox import Inbox
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from tests.conftest import SECRETS_KEY, MakeSettings
 
@@ -133,7 +134,11 @@ async def test_a_text_message_is_stored_and_acknowledged_with_an_empty_object(
     assert row.provider_message_id == "700001"
     assert row.conversation_key == str(PRIVATE["id"])
     assert row.status == "pending"
-    assert dict(row.payload) == sent | {"media_only": False}
+    assert dict(row.payload) == sent  # kept as sent, for staff
+    assert (row.inbound.customer_id, row.inbound.text) == (
+        str(PRIVATE["id"]),
+        sent["message"]["text"],
+    )
 
 
 async def test_a_text_with_a_nul_is_stored_without_it_and_acknowledged(
@@ -243,7 +248,7 @@ async def test_updates_that_need_no_answer_are_acknowledged_and_not_stored(
     assert await gateway.rows() == []
 
 
-async def test_a_photo_in_a_private_chat_is_stored_as_media_only(start: StartGateway) -> None:
+async def test_media_in_a_private_chat_is_stored_with_its_kind(start: StartGateway) -> None:
     gateway = await start()
     assert (await gateway.post(photo(700020))).status == 200
     assert (await gateway.post(photo(700021, caption="Do you have this in blue?"))).status == 200
@@ -261,12 +266,16 @@ async def test_a_photo_in_a_private_chat_is_stored_as_media_only(start: StartGat
     assert (await gateway.post(sticker)).status == 200
     assert (await gateway.post(voice)).status == 200
     rows = await gateway.rows()
-    assert [(r.provider_message_id, r.payload["media_only"]) for r in rows] == [
-        ("700020", True),
-        ("700021", False),  # the caption is a question
-        ("700022", True),
-        ("700023", True),
+    assert [
+        (r.provider_message_id, r.inbound.text, [(m.kind, m.ref) for m in r.inbound.media])
+        for r in rows
+    ] == [
+        ("700020", "", [("image", "AgAC-large")]),  # the largest size
+        ("700021", "Do you have this in blue?", [("image", "AgAC-large")]),
+        ("700022", "", [("sticker", "CAAC")]),
+        ("700023", "", [("audio", "AwAC")]),
     ]
+    assert rows[3].inbound.media[0].mime_type == "audio/ogg"
     assert rows[0].payload["message"]["photo"][1]["file_id"] == "AgAC-large"
 
 

@@ -13,10 +13,11 @@ from twilio.request_validator import RequestValidator
 
 from core.jobs.outbox_sender import OutboxSender
 from core.keyring import Keyring
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agents, Database
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
-from gateway.durable import AgentSenders
+from gateway.senders import AgentSenders
 from tests.conftest import SECRETS_KEY, MakeSettings
 from tests.fakes.twilio import FakeTwilio
 

@@ -15,10 +15,12 @@ from multidict import MultiDict, MultiDictProxy
 from twilio.request_validator import RequestValidator
 
 from channels.twilio import EMPTY_TWIML, signed_url
+from core.inbound import InboundMessage, MediaItem
 from core.keyring import Keyring
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agent, Agents, Database
 from core.store.inbox import Inbox
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from tests.conftest import SECRETS_KEY, MakeSettings
 
@@ -157,7 +159,13 @@ async def test_a_signed_message_is_stored_with_every_field_and_answered_with_emp
     assert row.provider_message_id == SID
     assert row.conversation_key == "whatsapp:+31612345678"
     assert row.status == "pending"
-    assert dict(row.payload) == fields | {"media_only": False}
+    assert dict(row.payload) == fields  # kept as sent, for staff
+    assert row.inbound == InboundMessage(
+        customer_id="whatsapp:+31612345678",
+        provider_message_id=SID,
+        text=fields["Body"],
+        display_name=fields.get("ProfileName"),
+    )
 
 
 @pytest.mark.parametrize("signature", ["", None, "RSOYDt4T1cUTdK1PDd93/VVr8B8=", "not base64!"])
@@ -247,7 +255,7 @@ async def test_a_redelivery_is_acknowledged_and_stored_once(start: StartGateway)
     assert [r.provider_message_id for r in await gateway.rows()] == [SID, "SM" + "5" * 32]
 
 
-async def test_a_picture_without_text_is_flagged_media_only(start: StartGateway) -> None:
+async def test_a_picture_is_stored_as_media_with_its_caption(start: StartGateway) -> None:
     gateway = await start()
     photo = message(
         Body="",
@@ -260,9 +268,9 @@ async def test_a_picture_without_text_is_flagged_media_only(start: StartGateway)
     assert (await gateway.signed_post("/webhooks/twilio/shop", photo)).status == 200
     assert (await gateway.signed_post("/webhooks/twilio/shop", captioned)).status == 200
     first, second = await gateway.rows()
-    assert first.payload["media_only"] is True
-    assert first.payload["MediaUrl0"].endswith("/Media/ME1")
-    assert second.payload["media_only"] is False
+    picture = MediaItem("image", photo["MediaUrl0"], "image/jpeg")
+    assert (first.inbound.text, first.inbound.media) == ("", (picture,))
+    assert (second.inbound.text, second.inbound.media) == ("Is this the right size?", (picture,))
 
 
 async def test_the_agents_own_credentials_win_over_the_environment(

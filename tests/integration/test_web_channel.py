@@ -13,11 +13,12 @@ from aiohttp.test_utils import TestServer
 
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.api_keys import ApiKeys
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from tests.support.sse import chat
 

@@ -16,11 +16,12 @@ from core.jobs.outbox_sender import OutboxSender
 from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
-from core.retrieval.embedders import EmbedderIdentity, UseEmbedder
+from core.retrieval.embedders import UseEmbedder
 from core.store import Agents, Database
 from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
-from gateway.durable import AgentSenders
+from gateway.senders import AgentSenders
 from tests.conftest import SECRETS_KEY, MakeSettings
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import aiohttp
 
+from channels.registry import secret_fields
 from core.answer.factory import build_pipeline
 from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.ports import Cache, Embedder
-from core.retrieval.embedders import EmbedderIdentity
 from core.settings import Settings
 from core.store import Agent, Agents, Database
 from core.store.answer_checks import AnswerChecks, NewResult
@@ -26,6 +26,7 @@ from core.store.curated import CuratedAnswers
 from core.store.job_runs import JobRuns
 from core.store.knowledge import KnowledgeStore
 from core.store.memory import MemoryStore
+from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, TurnRequest
 
 TOKEN = "admin-token-for-console-tests-0123456789"
@@ -78,7 +79,7 @@ async def seed(
     settings: Settings, database: Database, cache: Cache, embedder: Embedder, tmp_path: Path
 ) -> Seeded:
     pool = database.pool
-    agents = Agents(pool, keyring=Keyring.from_settings(settings))
+    agents = Agents(pool, keyring=Keyring.from_settings(settings), secret_fields=secret_fields())
     identity = EmbedderIdentity.of(embedder)
     await agents.create(
         "shop", embedder=identity, name="Noordkaap Shop", timezone="Europe/Amsterdam"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+from core.documents import Document
 from core.knowledge.chunk import MAX_WORDS, TARGET_WORDS, chunk_document
-from core.knowledge.documents import Document
 
 
 def _doc(text: str, title: str = "Shipping") -> Document:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.knowledge.classify import POLICY_TOPICS, infer_page_type, policy_topic
-from core.knowledge.locale import (
+from core.locale import (
     detect_language,
     language_of,
     locale_from_url,

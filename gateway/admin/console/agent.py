@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from zoneinfo import available_timezones
 
 from aiohttp import web
 
+from channels.registry import CHANNELS
 from core.answer.escalation import DEFAULT_HANDOFF_TEXTS, DEFAULT_OUT_OF_HOURS_TEXTS, WEEKDAYS
 from core.errors import InvalidInput, ParleyError
 from gateway.admin.api import (
@@ -171,6 +173,52 @@ def _texts(data: Form, name: str, languages: list[str]) -> str | dict[str, str] 
     return {lang: value for lang, value in by_language.items() if value} or None
 
 
+@dataclass(frozen=True, slots=True)
+class CredentialInput:
+    """One declared credential field as the channel form shows it."""
+
+    name: str  # in the settings block
+    input: str  # the form's field: <block>_<name>
+    label: str
+    help: str
+    secret: bool
+    required: bool
+    value: str = ""  # the stored value of a field that is not secret; a secret is never shown
+    is_set: bool = False  # whether a secret is stored
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelForm:
+    """A messaging channel's part of the credentials form, from its declaration."""
+
+    block: str
+    title: str
+    configured: bool
+    fields: tuple[CredentialInput, ...]
+
+
+def channel_forms(agent: AgentOut) -> list[ChannelForm]:
+    forms = []
+    for channel in CHANNELS:
+        shown = getattr(agent.channels, channel.block)
+        fields = []
+        for spec in channel.credential_fields:
+            fields.append(
+                CredentialInput(
+                    name=spec.name,
+                    input=f"{channel.block}_{spec.name}",
+                    label=spec.label,
+                    help=spec.help[:1].upper() + spec.help[1:],
+                    secret=spec.secret,
+                    required=spec.required,
+                    value="" if spec.secret else getattr(shown, spec.name) or "",
+                    is_set=spec.secret and getattr(shown, f"{spec.name}_set"),
+                )
+            )
+        forms.append(ChannelForm(channel.block, channel.title, shown.configured, tuple(fields)))
+    return forms
+
+
 async def _settings_page(
     request: web.Request,
     *,
@@ -196,6 +244,7 @@ async def _settings_page(
         days=DAY_NAMES,
         default_texts=TEXTS,
         timezones=sorted(available_timezones()),
+        channel_forms=channel_forms(agent),
         widget_snippet=(
             f'<script src="{origin}/widget.js" data-agent="{agent.slug}" '
             f'data-key="{agent.widget_key}" async></script>'
@@ -243,30 +292,30 @@ async def save_settings_action(request: web.Request) -> web.StreamResponse:
 
 
 def _channel_patch(data: Form, agent: AgentOut) -> dict[str, Any]:
-    """Secrets left empty stay as they are; a form never shows them, so it cannot resend them."""
+    """Each channel's block as the form gives it. Secrets left empty stay as they are (a form
+    never shows them, so it cannot resend them); another field left empty is removed."""
     channels: dict[str, Any] = {}
-    if checked(data, "twilio_remove"):
-        channels["twilio"] = None
-    else:
-        twilio: dict[str, Any] = {
-            "account_sid": optional(data, "twilio_account_sid"),
-            "whatsapp_from": optional(data, "twilio_whatsapp_from"),
-        }
-        if text(data, "twilio_auth_token"):
-            twilio["auth_token"] = text(data, "twilio_auth_token")
-        if agent.channels.twilio.configured or any(twilio.values()):
-            channels["twilio"] = twilio
-    if checked(data, "telegram_remove"):
-        channels["telegram"] = None
-    else:
-        telegram = {
-            name: text(data, f"telegram_{name}")
-            for name in ("bot_token", "webhook_secret")
-            if text(data, f"telegram_{name}")
-        }
-        if telegram:
-            channels["telegram"] = telegram
+    for form_of in channel_forms(agent):
+        if checked(data, f"{form_of.block}_remove"):
+            channels[form_of.block] = None
+            continue
+        block: dict[str, Any] = {}
+        for field in form_of.fields:
+            if not field.secret:
+                block[field.name] = optional(data, field.input)
+            elif text(data, field.input):
+                block[field.name] = text(data, field.input)
+        if form_of.configured or any(value is not None for value in block.values()):
+            channels[form_of.block] = block
     return channels
+
+
+# The names the form's errors give a field: "Bot token (Telegram)".
+_CHANNEL_LABELS = {
+    f"channels.{channel.block}.{spec.name}": f"{spec.label} ({channel.title})"
+    for channel in CHANNELS
+    for spec in channel.credential_fields
+}
 
 
 @page
@@ -274,17 +323,7 @@ async def save_channels_action(request: web.Request) -> web.StreamResponse:
     data = await form(request)
     agent = agent_out(await agent_of(request))
     try:
-        body = validated(
-            AgentPatch,
-            {"channels": _channel_patch(data, agent)},
-            {
-                "channels.twilio.account_sid": "Twilio account SID",
-                "channels.twilio.whatsapp_from": "WhatsApp number",
-                "channels.twilio.auth_token": "Twilio auth token",
-                "channels.telegram.bot_token": "Telegram bot token",
-                "channels.telegram.webhook_secret": "Telegram webhook secret",
-            },
-        )
+        body = validated(AgentPatch, {"channels": _channel_patch(data, agent)}, _CHANNEL_LABELS)
         await patch_agent(call(request, body=body))
     except ParleyError as exc:
         return await _settings_page(request, error=exc.message, status=status_for(exc))

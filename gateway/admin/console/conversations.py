@@ -8,9 +8,10 @@ from typing import Any
 
 from aiohttp import web
 
+from channels.registry import BY_NAME, channel_names
 from core.errors import InvalidInput, ParleyError
 from core.store.agents import Agent
-from core.store.handoff import REACHABLE, SENT_CHANNELS
+from core.store.handoff import LIVE_CHANNEL
 from core.store.transcripts import ConversationFilter, TurnTrace
 from gateway.admin.api import Call, hand_back, path_id, staff_reply, take_over
 from gateway.admin.console.render import (
@@ -34,8 +35,9 @@ from gateway.middlewares import status_for
 PAGE_SIZE = 25
 FIRST_DAY, LAST_DAY = date(1, 1, 2), date(9999, 12, 30)
 LIST = "/admin/conversations"
-# Those staff read; trying an agent out and the nightly checks make conversations too.
-LISTED_CHANNELS = ("web", "whatsapp", "telegram", "api", "playground", "test")
+# Those staff read (every messaging channel of the registry, the widget, the JSON API); trying
+# an agent out and the nightly checks make conversations too.
+LISTED_CHANNELS = channel_names()
 
 
 def _day(value: str, name: str) -> date | None:
@@ -135,8 +137,9 @@ async def _conversation_page(
         c=detail.conversation,
         traces=traces,
         timezone=agent.timezone,
-        reachable=channel in REACHABLE,
-        sent_by_outbox=channel in SENT_CHANNELS,
+        # Staff write to the widget live, and through a messaging channel by sending.
+        reachable=channel in BY_NAME or channel == LIVE_CHANNEL,
+        sent_by_outbox=channel in BY_NAME,
         channel_name=CHANNEL_NAMES.get(channel, channel),
         draft=draft,
     )

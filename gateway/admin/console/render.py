@@ -17,6 +17,7 @@ from aiohttp import web
 from multidict import MultiDictProxy
 from pydantic import BaseModel, ValidationError
 
+from channels.registry import CHANNELS
 from core.errors import InvalidInput, ParleyError
 from core.store.agents import Agent
 from core.store.staff import Role
@@ -30,11 +31,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Model = TypeVar("Model", bound=BaseModel)
 Form = MultiDictProxy[Any]
 
+# What staff call each channel: a messaging channel by its title in the registry, then the
+# channels answered within the request.
 CHANNEL_NAMES = {
+    **{channel.name: channel.title for channel in CHANNELS},
     "web": "Website",
     "api": "API",
-    "whatsapp": "WhatsApp",
-    "telegram": "Telegram",
     "playground": "Playground",
     "test": "Answer check",
 }

@@ -1,4 +1,4 @@
-"""A page of an agent's content as read from its source, before chunking."""
+"""A page of an agent's content as read from its source, and the chunks it is indexed in."""
 
 from __future__ import annotations
 
@@ -62,3 +62,14 @@ class ReadError:
     reason: str
     # The page this error is about, when it has one: it stays indexed as it was.
     url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    ord: int
+    heading: str  # "Title > Section > Subsection"
+    text: str
+
+    def embedding_input(self) -> str:
+        """What the embedder sees: the heading path gives a paragraph its context."""
+        return f"{self.heading}\n{self.text}" if self.heading else self.text
