@@ -70,6 +70,17 @@ class WebhookDoc:
 
 
 @dataclass(frozen=True, slots=True)
+class TemplateIdField:
+    """What a channel with a customer window calls the provider's id of an approved template
+    (Twilio's Content SID, Meta's template name), and the form it has: the admin API and the
+    console check and label it from this."""
+
+    label: str
+    pattern: str
+    help: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SenderSpec:
     """How to build an agent's sender: ``fingerprint`` changes when its credentials do."""
 
@@ -104,6 +115,11 @@ class Channel(Protocol):
 
     @property
     def customer_window_hours(self) -> float | None: ...
+
+    @property
+    def template_id(self) -> TemplateIdField | None:
+        """The form of a template's provider id (None: the channel sends no templates)."""
+        ...
 
     @property
     def webhooks(self) -> Sequence[WebhookDoc]: ...
@@ -146,6 +162,7 @@ class ChannelBase:
     limit: int
     writing_rule: str
     customer_window_hours: float | None = None
+    template_id: TemplateIdField | None = None
     webhooks: Sequence[WebhookDoc] = ()
 
     def credentials(self, agent: Agent | None, settings: Settings) -> Credentials:
@@ -166,6 +183,8 @@ class ChannelBase:
     def templates(self, agent: Agent) -> list[Template]:
         """Templates configured in ``settings[block].templates`` (a list of objects with
         name, provider_id, language and text); malformed entries are left out."""
+        if self.customer_window_hours is None:
+            return []
         block = agent.settings.get(self.block)
         listed = block.get("templates") if isinstance(block, Mapping) else None
         found = []

@@ -2,7 +2,8 @@
 
 Each channel declares its fields (`CredentialField`); an agent's ``settings[block]`` (for
 example ``settings["twilio"]``) is used as a whole when it is present (an account's SID and
-another account's token never mix); without one, the environment's settings apply. Secrets
+another account's token never mix); without one, or with one that holds only the channel's
+options (`OPTION_KEYS`: its templates), the environment's settings apply. Secrets
 are `SecretStr`, so they never show in a repr, a log line or an error message.
 
 This is the one place that opens an agent's stored secrets, which are sealed under
@@ -84,13 +85,27 @@ class Credentials:
         return value if isinstance(value, SecretStr) else SecretStr(value)
 
 
+# Keys of a channel's settings block that are the channel's options, not its credentials:
+# an agent may list its approved templates and still send with the environment's account.
+OPTION_KEYS = frozenset({"templates"})
+
+
+def own_credentials(block: Mapping[str, Any] | None) -> bool:
+    """Whether a channel's settings block holds credentials of the agent's own: any block
+    but one that holds nothing but options (its templates)."""
+    if block is None:
+        return False
+    return not block or not set(block) <= OPTION_KEYS
+
+
 def _block(agent: Agent, block_name: str) -> Mapping[str, Any] | None:
+    """The agent's own credentials block, or None (none, or options only)."""
     block = agent.settings.get(block_name)
     if block is None:
         return None
     if not isinstance(block, Mapping):
         raise ChannelNotConfigured(f"agent {agent.slug!r}: settings.{block_name} must be an object")
-    return block
+    return block if own_credentials(block) else None
 
 
 def _text(agent: Agent, channel: str, block: Mapping[str, Any], name: str) -> str | None:

@@ -27,7 +27,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from channels.base import ChannelBase, ChannelContext, SenderSpec, WebhookDoc
+from channels.base import ChannelBase, ChannelContext, SenderSpec, TemplateIdField, WebhookDoc
 from channels.credentials import ChannelNotConfigured, CredentialField, Credentials
 from channels.inbound import check_charset, find_agent, parse_json, validated
 from channels.meta_send import MAX_TEXT_CHARS, MetaSender
@@ -273,6 +273,11 @@ class MetaWhatsApp(ChannelBase):
         "no headings, short paragraphs."
     )
     customer_window_hours = 24.0
+    template_id = TemplateIdField(
+        "Template name",
+        r"[a-z0-9_]{1,512}",
+        "the template's name in WhatsApp Manager: lowercase letters, digits and underscores",
+    )
     webhooks: Sequence[WebhookDoc] = (
         WebhookDoc(
             "get",

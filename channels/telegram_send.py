@@ -115,7 +115,12 @@ class TelegramSender:
                 read_timeout=self._timeout,
                 write_timeout=self._timeout,
             )
-            self._bot = Bot(self._token, base_url=self._api_base + "/bot", request=request)
+            self._bot = Bot(
+                self._token,
+                base_url=self._api_base + "/bot",
+                base_file_url=self._api_base + "/file/bot",
+                request=request,
+            )
         try:
             await self._bot.initialize()
         except TelegramError as exc:

@@ -22,7 +22,7 @@ from aiohttp import web
 from multidict import MultiDictProxy
 from twilio.request_validator import RequestValidator
 
-from channels.base import ChannelBase, ChannelContext, SenderSpec, WebhookDoc
+from channels.base import ChannelBase, ChannelContext, SenderSpec, TemplateIdField, WebhookDoc
 from channels.credentials import ChannelNotConfigured, CredentialField, Credentials
 from channels.inbound import find_agent, read_form
 from channels.twilio_send import TwilioSender
@@ -162,6 +162,11 @@ class TwilioWhatsApp(ChannelBase):
         "no headings, short paragraphs."
     )
     customer_window_hours = 24.0
+    template_id = TemplateIdField(
+        "Content SID",
+        r"HX[0-9a-fA-F]{32}",
+        "HX followed by 32 hexadecimal digits, from Twilio's Content Template Builder",
+    )
     webhooks = (
         WebhookDoc(
             "post",

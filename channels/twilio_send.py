@@ -1,10 +1,12 @@
-"""Sends WhatsApp replies through Twilio's Messages API, split at 1600 characters a part."""
+"""Sends WhatsApp replies (1600 characters a part) and approved templates through Twilio."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -17,7 +19,7 @@ from twilio.http.response import Response
 from twilio.rest import Client
 
 from channels.delivery import parse_retry_after
-from core.delivery import DeliveryError, Sent, too_long
+from core.delivery import DeliveryError, Sent, Template, too_long
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +175,21 @@ class TwilioSender:
         if len(text) > self.limit:
             raise too_long(text, self.limit)
         await self.start()
-        return await self._send_part(recipient, text)
+        return await self._create(recipient, body=text)
+
+    async def send_template(
+        self, recipient: str, template: Template, values: Sequence[str]
+    ) -> Sent:
+        """Send an approved template (the only thing WhatsApp delivers outside the 24-hour
+        window): its Content SID, with ``values`` as the Content API's numbered variables
+        (``{"1": ..., "2": ...}``); Twilio fills them in."""
+        variables = {str(number): value for number, value in enumerate(values, start=1)}
+        await self.start()
+        return await self._create(
+            recipient,
+            content_sid=template.provider_id,
+            content_variables=json.dumps(variables, ensure_ascii=False),
+        )
 
     async def find_sent(self, recipient: str, text: str, since: datetime) -> list[Sent]:
         """Messages with body ``text`` that Twilio accepted for ``recipient`` from this sender
@@ -223,7 +239,9 @@ class TwilioSender:
         log.debug("twilio.lookup.done", extra={"read": len(messages), "found": len(found)})
         return [Sent(str(m.sid), status=None if m.status is None else str(m.status)) for m in found]
 
-    async def _send_part(self, recipient: str, body: str) -> Sent:
+    async def _create(self, recipient: str, **content: str) -> Sent:
+        """One message to ``recipient``: ``body``, or ``content_sid`` with its
+        ``content_variables``; Twilio's refusals and silences as `DeliveryError`s."""
         exchange = _Exchange()
         reset = _exchange.set(exchange)
         try:
@@ -231,8 +249,8 @@ class TwilioSender:
                 message = await self._client.messages.create_async(
                     to=recipient,
                     from_=self._from,
-                    body=body,
                     status_callback=self._status_callback,
+                    **content,
                 )
         except (TwilioRestException, TwilioServiceException) as exc:
             raise _classify(exc, parse_retry_after(exchange.retry_after)) from exc

@@ -176,6 +176,11 @@ class ChannelRules(Protocol):
     def name(self) -> str: ...
 
     @property
+    def title(self) -> str:
+        """What staff call the channel (``WhatsApp (Twilio)``)."""
+        ...
+
+    @property
     def writing_rule(self) -> str: ...
 
     @property

@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -41,6 +42,47 @@ class Forgetful(Protocol):
 
 MAX_REPLY_CHARS = 10_000
 MAX_STAFF_NAME = 200
+
+
+def elapsed(delta: timedelta) -> str:
+    """A stretch of time as staff say it: "40 minutes", "26 hours", "3 days"."""
+    minutes = max(int(delta.total_seconds() // 60), 0)
+    if minutes < 60:
+        amount, unit = minutes, "minute"
+    elif minutes < 48 * 60:
+        amount, unit = minutes // 60, "hour"
+    else:
+        amount, unit = minutes // (24 * 60), "day"
+    return f"{amount} {unit}{'' if amount == 1 else 's'}"
+
+
+@dataclass(frozen=True, slots=True)
+class CustomerWindow:
+    """A conversation's customer-service window (WhatsApp): free text reaches the customer
+    only within ``hours`` of their last message; after that, only an approved template.
+    Open while the customer has not written at all (nothing to measure from)."""
+
+    hours: float
+    customer_wrote_at: datetime | None
+    now: datetime
+
+    @property
+    def closes_at(self) -> datetime | None:
+        if self.customer_wrote_at is None:
+            return None
+        return self.customer_wrote_at + timedelta(hours=self.hours)
+
+    @property
+    def open(self) -> bool:
+        closes = self.closes_at
+        return closes is None or self.now < closes
+
+    @property
+    def since_customer_wrote(self) -> str:
+        """How long ago the customer last wrote ("26 hours"); "" when they never did."""
+        if self.customer_wrote_at is None:
+            return ""
+        return elapsed(self.now - self.customer_wrote_at)
 
 
 def _staff_name(staff: str) -> str:
@@ -107,24 +149,31 @@ class Handoff:
         log.info("handoff.replied conversation_id=%d message_id=%d", conversation_id, message_id)
         return message_id
 
-    def window_closed_at(self, state: ConversationState) -> datetime | None:
-        """When the channel's customer window closed (None: it is open, or has none)."""
+    def window(self, state: ConversationState) -> CustomerWindow | None:
+        """The conversation's customer window, as of now (None: its channel has none)."""
         rules = self._channels.get(state.channel)
         hours = rules.customer_window_hours if rules is not None else None
-        if hours is None or state.customer_wrote_at is None:
+        if hours is None:
             return None
-        closes = state.customer_wrote_at + timedelta(hours=hours)
-        return closes if closes <= datetime.now(UTC) else None
+        return CustomerWindow(hours, state.customer_wrote_at, datetime.now(UTC))
+
+    def window_closed_at(self, state: ConversationState) -> datetime | None:
+        """When the channel's customer window closed (None: it is open, or has none)."""
+        window = self.window(state)
+        return None if window is None or window.open else window.closes_at
 
     def _split(self, state: ConversationState, text: str) -> list[str] | None:
         rules = self._channels.get(state.channel)
         if rules is None:
             return None
-        closed = self.window_closed_at(state)
-        if closed is not None:
+        window = self.window(state)
+        if window is not None and not window.open:
+            # Refused here, before anything is stored or queued: the provider would only
+            # fail it later (Twilio 63016, Meta 131047), after staff had moved on.
             raise Conflict(
-                f"the customer last wrote more than {rules.customer_window_hours:g} hours ago: "
-                f"{state.channel} only delivers an approved template now; send one instead"
+                f"The customer last wrote {window.since_customer_wrote} ago. {rules.title} "
+                f"only delivers approved templates now (free text only within "
+                f"{window.hours:g} hours of the customer's last message): send a template."
             )
         return [p for p in rules.reply_parts(text) if p.strip()]
 

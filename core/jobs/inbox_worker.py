@@ -42,7 +42,7 @@ from core.answer.phrases import phrase
 from core.answer.pipeline import AnswerPipeline, SourceRef
 from core.answer.question import guess_language
 from core.delivery import Channels, Senders, TypingSender, sender_of
-from core.errors import ModelFailed, ParleyError, Unavailable
+from core.errors import MediaUnavailable, ModelFailed, ParleyError, Unavailable
 from core.inbound import InboundMessage, MediaItem
 from core.llm.limits import ModelLimits
 from core.locale import detect_language
@@ -439,7 +439,7 @@ class InboxWorker:
                 continue
             voice = message.voice
             if voice is not None and self._transcripts is not None and self._transcripts.available:
-                words = await self._transcripts.transcript(first.agent_id, first.channel, voice)
+                words = await self._heard(first, voice)
                 if words:
                     questions.append(words)
                     heard.append({"media": voice.ref, "transcript": words})
@@ -495,6 +495,22 @@ class InboxWorker:
             answered_in or agent.default_language,
             agent.site_url,
         )
+
+    async def _heard(self, first: InboxRow, voice: MediaItem) -> str:
+        """The words of a voice note; '' when it can never be heard (gone from the provider,
+        a format the model refuses): the customer is asked to type instead. A failure that
+        may pass (a timeout, a service down) is raised, and the turn tried again."""
+        if self._transcripts is None:
+            return ""
+        try:
+            return await self._transcripts.transcript(first.agent_id, first.channel, voice)
+        except (MediaUnavailable, ModelFailed) as exc:
+            if exc.transient:
+                raise
+            log.warning(
+                "inbox.voice.unheard channel=%s inbox_id=%d error=%r", first.channel, first.id, exc
+            )
+            return ""
 
     async def _remember_customer(self, first: InboxRow, messages: Sequence[InboundMessage]) -> None:
         """The customer's name and handle as their channel gives them, for staff."""

@@ -19,9 +19,11 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from channels.base import Channel
-from channels.registry import CHANNELS
+from channels.credentials import OPTION_KEYS, own_credentials
+from channels.registry import BY_NAME, CHANNELS
 from channels.web import WRITING_RULE, SseTurnOutput, parse_body
 from core.answer.escalation import validate_handoff_settings
+from core.delivery import Template
 from core.errors import Conflict, InvalidInput, NotFound
 from core.inbound import InboundMessage
 from core.knowledge.sources import SourceSpec
@@ -265,10 +267,17 @@ def _block(settings: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return block if isinstance(block, Mapping) else {}
 
 
-def _channel_out(channel: Channel, settings: Mapping[str, Any]) -> BaseModel:
+def _channel_out(channel: Channel, agent: Agent) -> BaseModel:
     """A channel's block as its declaration says to show it: secrets only as whether set."""
+    settings = agent.settings
     block = _block(settings, channel.block)
-    shown: dict[str, Any] = {"configured": channel.block in settings}
+    shown: dict[str, Any] = {
+        "configured": own_credentials(block) if channel.block in settings else False
+    }
+    if channel.customer_window_hours is not None:
+        shown["templates"] = [
+            s.ChannelTemplateOut.model_validate(t) for t in channel.templates(agent)
+        ]
     for spec in channel.credential_fields:
         value = block.get(spec.name)
         if spec.secret:
@@ -300,7 +309,7 @@ def agent_out(agent: Agent) -> s.AgentOut:
         settings={
             k: v for k, v in settings.items() if k not in blocks and k not in _HANDOFF_SETTINGS
         },
-        channels=s.ChannelsOut(**{c.block: _channel_out(c, settings) for c in CHANNELS}),
+        channels=s.ChannelsOut(**{c.block: _channel_out(c, agent) for c in CHANNELS}),
         embedder=agent.embedder,
         embedding_dim=agent.embedding_dim,
         knowledge_version=agent.knowledge_version,
@@ -329,23 +338,31 @@ def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
         if channels is None or name not in channels.model_fields_set:
             continue
         patch: BaseModel | None = getattr(channels, name)
-        if patch is None:
-            settings.pop(name, None)
-            continue
         block = dict(_block(settings, name))
-        for key in patch.model_fields_set:
-            value = getattr(patch, key)
-            if value is None:
-                block.pop(key, None)
-            else:
-                block[key] = value
-        settings[name] = block
+        if patch is None:
+            # The agent's own credentials go; its options (templates) are not credentials.
+            block = {k: v for k, v in block.items() if k in OPTION_KEYS}
+        else:
+            for key in patch.model_fields_set:
+                value = getattr(patch, key)
+                if key == "templates":
+                    value = [t.model_dump() for t in value] if value else None
+                if value is None:
+                    block.pop(key, None)
+                else:
+                    block[key] = value
+        if block or (patch is not None and patch.model_fields_set != {"templates"}):
+            settings[name] = block
+        else:
+            settings.pop(name, None)  # nothing of the agent's own is left
     # The channels read a block as a whole: one that cannot verify webhooks is refused now,
     # not at the first message.
     for channel in CHANNELS:
         if channel.block not in settings:
             continue
         stored = _block(settings, channel.block)
+        if not own_credentials(stored):
+            continue  # templates only: the environment's credentials apply
         for spec in channel.credential_fields:
             if spec.required and not stored.get(spec.name):
                 raise InvalidInput(
@@ -429,7 +446,36 @@ async def list_conversations(call: Call) -> s.ConversationPageOut:
     role="agent",
 )
 async def get_conversation(call: Call) -> s.ConversationDetailOut:
-    return s.ConversationDetailOut.model_validate(await call.admin.transcripts.get(call.id()))
+    conversation_id = call.id()
+    detail = s.ConversationDetailOut.model_validate(
+        await call.admin.transcripts.get(conversation_id)
+    )
+    window = await _window(call, conversation_id)
+    return detail.model_copy(update={"window": window})
+
+
+async def _window(call: Call, conversation_id: int) -> s.WindowOut | None:
+    """The conversation's customer window as of now (None: its channel has none)."""
+    handoff = call.admin.handoff
+    window = handoff.window(await handoff.state(conversation_id))
+    if window is None:
+        return None
+    return s.WindowOut(
+        hours=window.hours,
+        open=window.open,
+        customer_wrote_at=window.customer_wrote_at,
+        closes_at=window.closes_at if window.open else None,
+        closed_at=None if window.open else window.closes_at,
+    )
+
+
+async def _templates(call: Call, conversation_id: int) -> tuple[str, list[Template]]:
+    """The conversation's channel, and the agent's approved templates for it."""
+    row = await call.admin.transcripts.row(conversation_id)
+    channel = BY_NAME.get(row.channel)
+    if channel is None:
+        return row.channel, []
+    return row.channel, channel.templates(await call.admin.agents.get(row.agent))
 
 
 # -- handoff --------------------------------------------------------------------------------
@@ -480,6 +526,65 @@ async def staff_reply(call: Call) -> s.StaffMessageOut:
     conversation_id = call.id()
     await call.admin.transcripts.row(conversation_id)
     message_id = await call.admin.handoff.reply(conversation_id, body.text, call.staff.label)
+    return s.StaffMessageOut(message_id=message_id)
+
+
+@operation(
+    "GET",
+    r"/conversations/{id:\d+}/templates",
+    "The approved templates staff may send in a conversation, and its customer window",
+    "conversations",
+    response=s.ConversationTemplatesOut,
+    role="agent",
+)
+async def conversation_templates(call: Call) -> s.ConversationTemplatesOut:
+    """The agent's templates for the conversation's channel (none for a channel without a
+    customer window). Once the window has closed (WhatsApp: 24 hours after the customer's
+    last message) only these reach the customer; free text is refused (409)."""
+    conversation_id = call.id()
+    channel, templates = await _templates(call, conversation_id)
+    return s.ConversationTemplatesOut(
+        channel=channel,
+        items=[
+            s.TemplateOut(
+                name=t.name,
+                provider_id=t.provider_id,
+                language=t.language,
+                text=t.text,
+                variables=t.variables,
+            )
+            for t in templates
+        ],
+        window=await _window(call, conversation_id),
+    )
+
+
+@operation(
+    "POST",
+    r"/conversations/{id:\d+}/templates",
+    "Send an approved template as staff (takes the conversation over)",
+    "conversations",
+    body=s.TemplateSendBody,
+    response=s.StaffMessageOut,
+    status=201,
+    role="agent",
+)
+async def send_template(call: Call) -> s.StaffMessageOut:
+    """The template's text, filled in with ``values``, is stored as the staff message (the
+    bot's memory reads it); the channel is sent the template itself. An unknown name, or
+    another number of values than the template's placeholders, is a 400."""
+    body: s.TemplateSendBody = call.body
+    conversation_id = call.id()
+    channel, templates = await _templates(call, conversation_id)
+    template = next((t for t in templates if t.name == body.name), None)
+    if template is None:
+        known = ", ".join(t.name for t in templates) or "none"
+        raise InvalidInput(
+            f"name: the agent has no {channel} template {body.name!r} (it has: {known})"
+        )
+    message_id = await call.admin.handoff.send_template(
+        conversation_id, template, body.values, call.staff.label
+    )
     return s.StaffMessageOut(message_id=message_id)
 
 

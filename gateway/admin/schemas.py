@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from channels.base import Channel
+from channels.base import Channel, TemplateIdField
 from channels.credentials import CredentialField
 from channels.registry import CHANNELS, channel_names
 from core.errors import InvalidInput
@@ -246,6 +246,92 @@ def _described(spec: CredentialField, *notes: str) -> str:
     return "; ".join((said, *(n for n in notes if n)))
 
 
+# -- approved templates (WhatsApp, outside its customer window) -------------------------------
+
+# A template's name as staff pick it (and as Meta names templates).
+TEMPLATE_NAME = r"[a-z0-9_]{1,100}"
+MAX_TEMPLATES = 100
+# WhatsApp's limit for a template's body.
+MAX_TEMPLATE_TEXT = 1024
+MAX_TEMPLATE_VALUE = 1000
+_PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}")
+
+
+def _numbered_placeholders(text: str) -> str:
+    """A template's text with placeholders {{1}} to {{n}}, each number used, none skipped:
+    the values staff fill in, in order (what Twilio and Meta number them by)."""
+    numbers = set()
+    for inner in _PLACEHOLDER.findall(text):
+        if not re.fullmatch(r"[1-9][0-9]{0,2}", inner):
+            raise ValueError(
+                f"{{{{{inner}}}}} is not a placeholder: write the values staff fill in as "
+                "{{1}}, {{2}}, ..."
+            )
+        numbers.add(int(inner))
+    missing = sorted(set(range(1, max(numbers, default=0) + 1)) - numbers)
+    if missing:
+        listed = ", ".join(f"{{{{{n}}}}}" for n in missing)
+        raise ValueError(
+            f"number the placeholders from {{{{1}}}} on without gaps; missing: {listed}"
+        )
+    return text
+
+
+def _unique_names(templates: list[Any]) -> list[Any]:
+    seen: set[str] = set()
+    for template in templates:
+        if template.name in seen:
+            raise ValueError(f"two templates are named {template.name!r}; give each its own name")
+        seen.add(template.name)
+    return templates
+
+
+class ChannelTemplateOut(Out):
+    """An approved template as configured for the agent."""
+
+    name: str
+    provider_id: str
+    language: str
+    text: str
+
+
+def _template_in(channel: Channel) -> type[Body]:
+    spec = channel.template_id or TemplateIdField("Template id", _ONE_LINE)
+    provider_id = Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=512, pattern=f"^(?:{spec.pattern})$"),
+    ]
+    return create_model(
+        _model_name(channel, "Template"),
+        __base__=Body,
+        __doc__=f"An approved {channel.title} template, exactly as the provider approved it.",
+        name=(
+            str,
+            Field(
+                pattern=f"^{TEMPLATE_NAME}$",
+                description="what staff pick it by: 1-100 of a-z, 0-9 and _",
+            ),
+        ),
+        provider_id=(
+            provider_id,
+            Field(description=spec.label + (f" ({spec.help})" if spec.help else "")),
+        ),
+        language=(
+            str,
+            Field(pattern=_LANGUAGE, description="the approved language (en, nl, pt_BR)"),
+        ),
+        text=(
+            Annotated[str, AfterValidator(_numbered_placeholders)],
+            Field(
+                min_length=1,
+                max_length=MAX_TEMPLATE_TEXT,
+                description="the approved text, with {{1}}..{{n}} where staff fill in values; "
+                "stored in the conversation once filled in",
+            ),
+        ),
+    )
+
+
 def _channel_out(channel: Channel) -> type[Out]:
     fields: dict[str, Any] = {
         "configured": (
@@ -255,6 +341,16 @@ def _channel_out(channel: Channel) -> type[Out]:
             ),
         )
     }
+    if channel.customer_window_hours is not None:
+        fields["templates"] = (
+            list[ChannelTemplateOut],
+            Field(
+                default_factory=list,
+                description="approved templates staff may send once the customer window "
+                f"({channel.customer_window_hours:g} hours after the customer's last message) "
+                "has closed",
+            ),
+        )
     for spec in channel.credential_fields:
         if spec.secret:
             fields[f"{spec.name}_set"] = (
@@ -284,6 +380,22 @@ def _channel_patch(channel: Channel) -> type[Body]:
                 None,
                 description=_described(spec, *notes),
                 json_schema_extra={"writeOnly": True} if spec.secret else None,
+            ),
+        )
+    if channel.customer_window_hours is not None:
+        fields["templates"] = (
+            Annotated[
+                list[_template_in(channel)],  # type: ignore[misc]
+                Field(max_length=MAX_TEMPLATES),
+                AfterValidator(_unique_names),
+            ]
+            | None,
+            Field(
+                None,
+                description="the approved templates staff may send once the customer window "
+                "has closed; replaces the stored list ([] or null: none). Templates are not "
+                "credentials: an agent with only templates sends with the environment's "
+                "account",
             ),
         )
     return create_model(
@@ -510,11 +622,28 @@ class TurnTraceOut(Out):
     trace: dict[str, Any]
 
 
+class WindowOut(Out):
+    """The channel's customer-service window (WhatsApp): free text reaches the customer only
+    within ``hours`` of their last message; after that, only an approved template."""
+
+    hours: float
+    open: bool = Field(description="free text may be sent now")
+    customer_wrote_at: datetime | None = Field(description="the customer's last message")
+    closes_at: datetime | None = Field(
+        description="while open: when free text stops reaching the customer (null while the "
+        "customer has not written)"
+    )
+    closed_at: datetime | None = Field(description="once closed: when it closed")
+
+
 class ConversationDetailOut(Out):
     conversation: ConversationOut
     summary: SummaryOut | None
     messages: list[MessageOut]
     turns: list[TurnTraceOut]
+    window: WindowOut | None = Field(
+        None, description="the customer window of the conversation's channel; null without one"
+    )
 
 
 class StaffMessageBody(Body):
@@ -523,6 +652,31 @@ class StaffMessageBody(Body):
 
 class StaffMessageOut(Out):
     message_id: int
+
+
+class TemplateOut(Out):
+    name: str
+    provider_id: str = Field(description="Twilio's Content SID, Meta's template name")
+    language: str
+    text: str = Field(description="with {{1}}..{{n}} where the values go")
+    variables: int = Field(description="how many values it takes")
+
+
+class ConversationTemplatesOut(Out):
+    channel: str
+    items: list[TemplateOut] = Field(
+        description="the agent's approved templates for the conversation's channel"
+    )
+    window: WindowOut | None = Field(description="null for a channel without a window")
+
+
+class TemplateSendBody(Body):
+    """An approved template, by name, and its values in order ({{1}} first)."""
+
+    name: str = Field(pattern=f"^{TEMPLATE_NAME}$")
+    values: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEMPLATE_VALUE)]] = (
+        Field(default_factory=list, max_length=100)
+    )
 
 
 # -- the inbox ------------------------------------------------------------------------------

@@ -57,11 +57,10 @@ class AdminServices:
         knowledge = KnowledgeStore(pool)
         return cls(
             auth=StaffAuth(settings, staff, StaffSessions(pool), cache),
-            # No remembered agents: staff must see a change the moment they made it.
-            # Channel secrets written here are sealed: the registry says which fields are.
-            agents=Agents(
-                pool, keyring=Keyring.from_settings(settings), secret_fields=secret_fields()
-            ),
+            # Read fresh: staff see a change the moment they made it. The answering side's
+            # memory of agents is shared, so the change applies there at once too. Channel
+            # secrets written here are sealed: the registry says which fields are.
+            agents=agents.unremembered(Keyring.from_settings(settings), secret_fields()),
             staff=staff,
             transcripts=Transcripts(pool),
             gaps=ContentGaps(pool),

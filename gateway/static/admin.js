@@ -36,6 +36,39 @@
   }
   document.querySelectorAll("[data-refresh]").forEach(refresh);
 
+  // -- approved templates: one is chosen at a time, its preview filled in as staff type ------
+
+  function fillPreview(form) {
+    var preview = form.querySelector("[data-preview]");
+    if (!preview) return;
+    var text = preview.getAttribute("data-template-text") || "";
+    form.querySelectorAll("input[data-placeholder]").forEach(function (input) {
+      var value = input.value.trim();
+      if (value) text = text.split("{{" + input.getAttribute("data-placeholder") + "}}").join(value);
+    });
+    preview.textContent = text;
+  }
+
+  document.querySelectorAll("[data-template-picker]").forEach(function (picker) {
+    var choice = picker.querySelector("[data-template-choice]");
+    var forms = Array.prototype.slice.call(picker.querySelectorAll("form[data-template]"));
+    function show() {
+      forms.forEach(function (form) {
+        form.hidden = form.getAttribute("data-template") !== choice.value;
+      });
+    }
+    if (choice && forms.length > 1) {
+      choice.closest(".template-choice").hidden = false;
+      picker.classList.add("enhanced");
+      choice.addEventListener("change", show);
+      show();
+    }
+    forms.forEach(function (form) {
+      form.addEventListener("input", function () { fillPreview(form); });
+      fillPreview(form);
+    });
+  });
+
   // -- the playground ------------------------------------------------------------------------
 
   function el(tag, className, text) {

@@ -106,12 +106,39 @@ class FakeTelegram:
     # Accepted messages: {"message_id", "chat_id", "text" (as shown), "sent" (as sent),
     # "parse_mode"}.
     messages: list[dict[str, Any]] = field(default_factory=list)
+    # Files customers sent, by file_id: (bytes, file_path); getFile and the download serve them.
+    files: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    downloads: list[str] = field(default_factory=list)  # file paths fetched
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition, init=False, repr=False)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._dispatch)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._file)
         return app
+
+    async def _file(self, request: web.Request) -> web.Response:
+        if request.match_info["token"] != self.token:
+            return web.Response(status=401)
+        path = request.match_info["path"]
+        found = next((data for data, at in self.files.values() if at == path), None)
+        if found is None:
+            return web.Response(status=404)
+        self.downloads.append(path)
+        return web.Response(body=found)
+
+    def _get_file(self, params: dict[str, Any]) -> web.Response:
+        file_id = str(params.get("file_id", ""))
+        if file_id not in self.files:
+            return _error(Failure(400, "Bad Request: invalid file_id"))
+        data, path = self.files[file_id]
+        result = {
+            "file_id": file_id,
+            "file_unique_id": "u" + file_id,
+            "file_size": len(data),
+            "file_path": path,
+        }
+        return web.json_response({"ok": True, "result": result})
 
     @property
     def bot_id(self) -> int:
@@ -156,6 +183,7 @@ class FakeTelegram:
             return await self._get_updates(request, params)
         handler = {
             "getme": self._get_me,
+            "getfile": self._get_file,
             "sendmessage": self._send_message,
             "sendchataction": self._send_chat_action,
             "setwebhook": self._set_webhook,

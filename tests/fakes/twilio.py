@@ -1,5 +1,6 @@
 """A local Twilio Messages API, scriptable: `POST /2010-04-01/Accounts/{Sid}/Messages.json`
-sends, `GET` on the same path lists (filtered by To, From and DateSent, newest first, paged)."""
+sends (a ``Body``, or an approved template: ``ContentSid`` with ``ContentVariables``), `GET` on
+the same path lists (filtered by To, From and DateSent, newest first, paged)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import base64
 import binascii
 import email.utils
+import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -31,8 +34,11 @@ _MESSAGES = {
     21610: "Attempt to send to unsubscribed recipient",
     21614: "'To' number is not a valid mobile number",
     21617: "The concatenated message body exceeds the 1600 character limit.",
+    21655: "The ContentSid is Invalid",
+    21656: "The ContentVariables Parameter is invalid",
     63016: "Failed to send freeform message because you are outside the allowed window.",
 }
+_CONTENT_SID = re.compile(r"HX[0-9a-fA-F]{32}")
 
 
 class Failure(NamedTuple):
@@ -77,9 +83,14 @@ class FakeTwilio:
     answer_late_by: float = 0.0
     # Failures served to list requests (`Failure`s or tuples), one each, before lists succeed.
     fail_list_next: list[Failure | tuple[Any, ...]] = field(default_factory=list)
-    # Accepted messages, in order: {"sid", "to", "from", "body", "status_callback", "status",
-    # "date_created", "date_sent"} (datetimes in UTC, whole seconds, as Twilio keeps them;
-    # the fake sends a message the moment it accepts it).
+    # WhatsApp's 24-hour window has closed for every customer: free text (a Body) fails with
+    # 63016, as Twilio answers it; approved templates (a ContentSid) still go out.
+    window_closed: bool = False
+    # Accepted messages, in order: {"sid", "to", "from", "body", "content_sid",
+    # "content_variables", "status_callback", "status", "date_created", "date_sent"}
+    # (datetimes in UTC, whole seconds, as Twilio keeps them; the fake sends a message the
+    # moment it accepts it). A template's text is Twilio's, unknown here: its "body" is "",
+    # its "content_sid" and "content_variables" (the JSON read into a dict) are as sent.
     messages: list[dict[str, Any]] = field(default_factory=list)
     # Every request to the Messages route, accepted or not: {"form", "status", "code"}.
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -133,17 +144,29 @@ class FakeTwilio:
             headers = {"Retry-After": failure.retry_after} if failure.retry_after else None
             response = _error(failure.status, failure.code, headers)
             return self._answer(form, response, failure.code)
+        content = "ContentSid" in form
         for name, code in (("To", 21604), ("From", 21603), ("Body", 21602)):
-            if not form.get(name):
+            if not form.get(name) and not (name == "Body" and content):
                 return self._answer(form, _error(400, code), code)
-        if len(form["Body"]) > MAX_BODY:
+        variables: dict[str, str] | None = None
+        if content:
+            variables = _content_variables(form.get("ContentVariables"))
+            if not _CONTENT_SID.fullmatch(form["ContentSid"]):
+                return self._answer(form, _error(400, 21655), 21655)
+            if variables is None:
+                return self._answer(form, _error(400, 21656), 21656)
+        elif len(form["Body"]) > MAX_BODY:
             return self._answer(form, _error(400, 21617), 21617)
+        elif self.window_closed:
+            return self._answer(form, _error(400, 63016), 63016)
         now = datetime.now(UTC).replace(microsecond=0)
         record = {
             "sid": _sid("SM"),
             "to": form["To"],
             "from": form["From"],
-            "body": form["Body"],
+            "body": "" if content else form["Body"],
+            "content_sid": form.get("ContentSid"),
+            "content_variables": variables,
             "status_callback": form.get("StatusCallback"),
             "status": "queued",
             "date_created": now,
@@ -240,6 +263,19 @@ class FakeTwilio:
 
 
 _DATE_FILTERS = ("DateSent", "DateSent>", "DateSent<")
+
+
+def _content_variables(value: str | None) -> dict[str, str] | None:
+    """``ContentVariables`` as Twilio takes it: a JSON object of text values (none: {})."""
+    if value is None:
+        return {}
+    try:
+        variables = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(variables, dict) or not all(isinstance(v, str) for v in variables.values()):
+        return None
+    return variables
 
 
 def _when(value: str) -> date | datetime:

@@ -120,6 +120,7 @@ async def test_agents_are_listed_read_and_changed(admin: Admin) -> None:
     assert agent["name"] == "The Shop"
     assert agent["channels"]["twilio"] == {
         "configured": False, "account_sid": None, "whatsapp_from": None, "auth_token_set": False,
+        "templates": [],
     }  # fmt: skip
 
     status, changed = await admin.patch(
@@ -155,6 +156,21 @@ async def test_agents_are_listed_read_and_changed(admin: Admin) -> None:
     assert status == 200
     assert cleared["business_hours"] is None
     assert cleared["persona"] == "You are Sam, the shop's helper."
+
+
+async def test_an_agent_change_applies_to_the_widget_at_once(admin: Admin) -> None:
+    """The answering side remembers agents for a few seconds; a change made through the admin
+    API is seen there at once, not when that memory runs out."""
+    origin = "https://new-shop.example"
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+    refused = await admin.client.options("/api/v1/agents/shop/chat", headers=preflight)
+    assert refused.status == 403  # the agent, read and remembered without this origin
+
+    status, _ = await admin.patch("/agents/shop", {"allowed_origins": [origin]})
+    assert status == 200
+
+    allowed = await admin.client.options("/api/v1/agents/shop/chat", headers=preflight)
+    assert allowed.status == 204
 
 
 @pytest.mark.parametrize(
@@ -222,6 +238,7 @@ async def test_channel_credentials_are_write_only(admin: Admin) -> None:
             "account_sid": "AC" + "0" * 32,
             "whatsapp_from": "whatsapp:+3197010000000",
             "auth_token_set": True,
+            "templates": [],
         },
         "telegram": {"configured": True, "bot_token_set": True, "webhook_secret_set": True},
     }

@@ -113,22 +113,29 @@ async def test_every_channel_has_its_declared_credentials_in_api_openapi_and_con
     for channel in CHANNELS:
         block, fields = channel.block, channel.credential_fields
         shown_names = {f"{f.name}_set" if f.secret else f.name for f in fields}
+        # A channel with a customer window (WhatsApp) has the agent's approved templates too.
+        options = {"templates"} if channel.customer_window_hours is not None else set()
         # The models the API validates and answers with.
-        assert set(schemas.CHANNEL_OUT[block].model_fields) == {"configured", *shown_names}
-        assert set(schemas.CHANNEL_PATCH[block].model_fields) == {f.name for f in fields}
+        assert set(schemas.CHANNEL_OUT[block].model_fields) == {
+            "configured",
+            *shown_names,
+            *options,
+        }
+        assert set(schemas.CHANNEL_PATCH[block].model_fields) == {f.name for f in fields} | options
         # What an agent without credentials of its own shows: no value, no secret set.
         assert agent["channels"][block] == {
             "configured": False,
             **{
                 f"{f.name}_set" if f.secret else f.name: False if f.secret else None for f in fields
             },
+            **{option: [] for option in options},
         }
 
         # OpenAPI: the block in what is sent and what comes back, and the channel's webhooks.
         out = _resolve(document, channels_out["properties"][block])
-        assert set(out["properties"]) == {"configured", *shown_names}
+        assert set(out["properties"]) == {"configured", *shown_names, *options}
         patch = _resolve(document, channels_patch["properties"][block])
-        assert set(patch["properties"]) == {f.name for f in fields}
+        assert set(patch["properties"]) == {f.name for f in fields} | options
         assert patch["additionalProperties"] is False
         for spec in fields:
             prop = patch["properties"][spec.name]

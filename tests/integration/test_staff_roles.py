@@ -294,6 +294,7 @@ async def test_every_console_route_names_its_role_and_an_agent_is_held_to_it(
         ("GET", "/admin/agents/{agent}/settings"),
         ("POST", "/admin/agents/{agent}/settings"),
         ("POST", "/admin/agents/{agent}/settings/channels"),
+        ("POST", "/admin/agents/{agent}/settings/templates"),
         ("POST", "/admin/agents/{agent}/settings/widget-key"),
         ("GET", "/admin/agents/{agent}/sources"),
         ("POST", "/admin/agents/{agent}/sources"),

@@ -13,11 +13,17 @@ import pytest
 from pytest_aiohttp import AiohttpServer
 
 from channels.twilio_send import MAX_BODY_CHARS, TwilioSender
-from core.delivery import DeliveryError
+from core.delivery import DeliveryError, Template
 from tests.fakes.twilio import FakeTwilio
 
 TO = "whatsapp:+15551234567"
 FROM = "whatsapp:+14155238886"
+ORDER_UPDATE = Template(
+    name="order_update",
+    provider_id="HX" + "0123456789abcdef" * 2,
+    language="en",
+    text="Hi {{1}}, your order {{2}} has shipped.",
+)
 
 
 @pytest.fixture
@@ -229,3 +235,66 @@ async def test_the_auth_token_is_never_logged(
         assert secret not in str(info.value)
         assert secret not in repr(info.value)
         assert secret not in repr(sender)
+
+
+# -- approved templates (outside WhatsApp's 24-hour window) -----------------------------------
+
+
+async def test_a_template_is_its_content_sid_with_numbered_variables(
+    sender: TwilioSender, fake: FakeTwilio
+) -> None:
+    sent = await sender.send_template(TO, ORDER_UPDATE, ["Zoë", "#1042"])
+
+    [message] = fake.messages
+    assert sent.provider_message_id == message["sid"]
+    assert message["content_sid"] == ORDER_UPDATE.provider_id
+    assert message["content_variables"] == {"1": "Zoë", "2": "#1042"}
+    assert (message["to"], message["from"]) == (TO, FROM)
+    assert message["status_callback"] == "https://parley.example/webhooks/twilio/status"
+    form = fake.requests[0]["form"]
+    assert "Body" not in form  # the text is Twilio's: the template as approved, filled in
+    assert form["ContentVariables"] == '{"1": "Zoë", "2": "#1042"}'
+
+
+async def test_a_template_without_placeholders_sends_no_values(
+    sender: TwilioSender, fake: FakeTwilio
+) -> None:
+    hello = Template("hello", "HX" + "f" * 32, "en", "Hello! Can we help you further?")
+    await sender.send_template(TO, hello, [])
+    assert fake.messages[0]["content_variables"] == {}
+
+
+async def test_outside_the_window_free_text_fails_for_good_and_a_template_goes_out(
+    sender: TwilioSender, fake: FakeTwilio
+) -> None:
+    fake.window_closed = True
+
+    with pytest.raises(DeliveryError) as info:
+        await sender.send(TO, "Are you still there?")
+    assert (info.value.code, info.value.permanent) == ("63016", True)
+    assert fake.messages == []
+
+    await sender.send_template(TO, ORDER_UPDATE, ["Sam", "#7"])
+    assert [m["content_sid"] for m in fake.messages] == [ORDER_UPDATE.provider_id]
+
+
+async def test_a_template_refused_or_unanswered_is_classified_like_a_part(
+    fake: FakeTwilio, api_base: str
+) -> None:
+    sender = TwilioSender(fake.account_sid, fake.auth_token, FROM, api_base=api_base, timeout=0.3)
+    unknown = Template("gone", "HX-not-a-content-sid", "en", "Hi {{1}}")
+    try:
+        with pytest.raises(DeliveryError) as refused:
+            await sender.send_template(TO, unknown, ["Sam"])
+        fake.fail_next = [(429, None, "4")]
+        with pytest.raises(DeliveryError) as throttled:
+            await sender.send_template(TO, ORDER_UPDATE, ["Sam", "#7"])
+        fake.hang = True
+        with pytest.raises(DeliveryError) as silent:
+            await sender.send_template(TO, ORDER_UPDATE, ["Sam", "#7"])
+    finally:
+        await sender.close()
+    assert (refused.value.code, refused.value.permanent) == ("21655", True)
+    assert (throttled.value.permanent, throttled.value.retry_after) == (False, 4.0)
+    assert (silent.value.code, silent.value.ambiguous) == ("timeout", True)
+    assert fake.messages == []

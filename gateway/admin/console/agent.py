@@ -42,6 +42,7 @@ from gateway.admin.console.render import (
     validated,
 )
 from gateway.admin.schemas import (
+    MAX_TEMPLATES,
     AgentOut,
     AgentPatch,
     CheckBody,
@@ -219,12 +220,115 @@ def channel_forms(agent: AgentOut) -> list[ChannelForm]:
     return forms
 
 
+@dataclass(frozen=True, slots=True)
+class TemplateRow:
+    """One approved template in the templates form (blank: a new one to add)."""
+
+    input: str  # the form's fields: <input>_name, <input>_provider_id, ...
+    number: int
+    name: str = ""
+    provider_id: str = ""
+    language: str = ""
+    text: str = ""
+    stored: bool = False  # saved before: offered for removal
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateForm:
+    """A channel with a customer window: its part of the templates form, from its
+    declaration (`channels.base.Channel.template_id`)."""
+
+    block: str
+    title: str
+    hours: float
+    id_label: str
+    id_help: str
+    rows: tuple[TemplateRow, ...]
+
+
+_TEMPLATE_FIELDS = ("name", "provider_id", "language", "text")
+
+
+def _window_channels() -> list[Any]:
+    return [c for c in CHANNELS if c.customer_window_hours is not None]
+
+
+def template_forms(source: AgentOut | Form) -> list[TemplateForm]:
+    """Each window channel's templates: those the agent has, then a blank row to add one;
+    or those a sent form gave (to show them again with what was wrong)."""
+    forms = []
+    for channel in _window_channels():
+        block = channel.block
+        rows: list[TemplateRow] = []
+        if isinstance(source, AgentOut):
+            stored = getattr(source.channels, block).templates
+            for number, t in enumerate(stored, start=1):
+                rows.append(
+                    TemplateRow(f"{block}_t{number}", number, t.name, t.provider_id,
+                                t.language, t.text, stored=True)
+                )  # fmt: skip
+            rows.append(TemplateRow(f"{block}_t{len(rows) + 1}", len(rows) + 1))
+        else:
+            for number in range(1, _row_count(source, block) + 1):
+                key = f"{block}_t{number}"
+                given = {f: _template_text(source, f"{key}_{f}") for f in _TEMPLATE_FIELDS}
+                stored_row = text(source, f"{key}_stored") == "1"
+                rows.append(TemplateRow(key, number, **given, stored=stored_row))
+        spec = channel.template_id
+        forms.append(
+            TemplateForm(
+                block=block,
+                title=channel.title,
+                hours=float(channel.customer_window_hours),
+                id_label=spec.label if spec else "Template id",
+                id_help=spec.help if spec else "",
+                rows=tuple(rows),
+            )
+        )
+    return forms
+
+
+def _row_count(data: Form, block: str) -> int:
+    try:
+        return max(0, min(int(text(data, f"{block}_rows")), MAX_TEMPLATES + 1))
+    except ValueError:
+        return 0
+
+
+def _template_text(data: Form, name: str) -> str:
+    # A textarea sends CRLF line breaks; the approved text has plain ones.
+    return text(data, name).replace("\r\n", "\n")
+
+
+def _templates_patch(data: Form) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each window channel's templates as the form gives them (rows left blank or ticked for
+    removal left out), and the names its errors give each field."""
+    channels: dict[str, Any] = {}
+    labels: dict[str, str] = {}
+    for form_of in template_forms(data):
+        kept: list[dict[str, str]] = []
+        for row in form_of.rows:
+            values = {f: getattr(row, f) for f in _TEMPLATE_FIELDS}
+            if checked(data, f"{row.input}_remove") or not any(values.values()):
+                continue
+            where = f"channels.{form_of.block}.templates.{len(kept)}"
+            for field, label in zip(
+                _TEMPLATE_FIELDS, ("name", form_of.id_label, "language", "text"), strict=True
+            ):
+                labels[f"{where}.{field}"] = f"{form_of.title} template {row.number}, {label}"
+            kept.append(values)
+        labels[f"channels.{form_of.block}.templates"] = f"{form_of.title} templates"
+        channels[form_of.block] = {"templates": kept}
+    return channels, labels
+
+
 async def _settings_page(
     request: web.Request,
     *,
     error: str | None = None,
     status: int = 200,
     values: dict[str, Any] | None = None,
+    templates_sent: Form | None = None,
 ) -> web.Response:
     stored = await agent_of(request)
     agent = agent_out(stored)
@@ -245,6 +349,7 @@ async def _settings_page(
         default_texts=TEXTS,
         timezones=sorted(available_timezones()),
         channel_forms=channel_forms(agent),
+        template_forms=template_forms(templates_sent if templates_sent is not None else agent),
         widget_snippet=(
             f'<script src="{origin}/widget.js" data-agent="{agent.slug}" '
             f'data-key="{agent.widget_key}" async></script>'
@@ -328,6 +433,20 @@ async def save_channels_action(request: web.Request) -> web.StreamResponse:
     except ParleyError as exc:
         return await _settings_page(request, error=exc.message, status=status_for(exc))
     raise redirect(agent_page(await agent_of(request), "settings"), "channels-saved", "channels")
+
+
+@page
+async def save_templates_action(request: web.Request) -> web.StreamResponse:
+    data = await form(request)
+    channels, labels = _templates_patch(data)
+    try:
+        body = validated(AgentPatch, {"channels": channels}, labels)
+        await patch_agent(call(request, body=body))
+    except ParleyError as exc:
+        return await _settings_page(
+            request, error=exc.message, status=status_for(exc), templates_sent=data
+        )
+    raise redirect(agent_page(await agent_of(request), "settings"), "templates-saved", "templates")
 
 
 @page
@@ -428,6 +547,7 @@ def routes() -> list[Route]:
         route("GET", AGENT + "/settings", settings_page),
         route("POST", AGENT + "/settings", save_settings_action),
         route("POST", AGENT + "/settings/channels", save_channels_action),
+        route("POST", AGENT + "/settings/templates", save_templates_action),
         route("POST", AGENT + "/settings/widget-key", rotate_key_action),
         route("GET", AGENT + "/checks", checks_page, role="agent"),
         route("POST", AGENT + "/checks", create_check_action, role="agent"),

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from aiohttp import web
 
 from channels.registry import BY_NAME, channel_names
 from core.errors import InvalidInput, ParleyError
+from core.handoff import elapsed
 from core.store.agents import Agent
 from core.store.handoff import LIVE_CHANNEL
 from core.store.transcripts import ConversationFilter, TurnTrace
-from gateway.admin.api import Call, hand_back, path_id, staff_reply, take_over
+from gateway.admin.api import (
+    Call,
+    conversation_templates,
+    hand_back,
+    path_id,
+    send_template,
+    staff_reply,
+    take_over,
+)
 from gateway.admin.console.render import (
     CHANNEL_NAMES,
     Route,
@@ -24,12 +33,18 @@ from gateway.admin.console.render import (
     redirect,
     render,
     route,
+    run,
     text,
     url_with,
     validated,
     zone,
 )
-from gateway.admin.schemas import StaffMessageBody
+from gateway.admin.schemas import (
+    ConversationTemplatesOut,
+    StaffMessageBody,
+    TemplateOut,
+    TemplateSendBody,
+)
 from gateway.middlewares import status_for
 
 PAGE_SIZE = 25
@@ -118,13 +133,37 @@ def _conversation_id(request: web.Request) -> int:
     return path_id(request)
 
 
+def _previews(templates: list[TemplateOut], chosen: str, values: list[str]) -> dict[str, str]:
+    """Each template's text as the customer would read it: the chosen one filled in with the
+    values given so far (a placeholder stays until its value is given), the others as they
+    are. The page's script does the same while staff type."""
+    previews = {}
+    for t in templates:
+        text = t.text
+        for number, value in enumerate(values if t.name == chosen else [], start=1):
+            if value:
+                text = text.replace("{{" + str(number) + "}}", value)
+        previews[t.name] = text
+    return previews
+
+
 async def _conversation_page(
-    request: web.Request, *, error: str | None = None, status: int = 200, draft: str = ""
+    request: web.Request,
+    *,
+    error: str | None = None,
+    status: int = 200,
+    draft: str = "",
+    chosen: str = "",
+    values: list[str] | None = None,
 ) -> web.Response:
     detail = await admin(request).transcripts.get(_conversation_id(request))
     agent = await admin(request).agents.get(detail.conversation.agent)
     traces: dict[int, TurnTrace] = {t.id: t for t in detail.turns}
     channel = detail.conversation.channel
+    templates = await run(conversation_templates, request, ConversationTemplatesOut)
+    window = templates.window
+    wrote = window.customer_wrote_at if window is not None else None
+    values = values or []
     return await render(
         request,
         "admin/conversation.html",
@@ -142,6 +181,12 @@ async def _conversation_page(
         sent_by_outbox=channel in BY_NAME,
         channel_name=CHANNEL_NAMES.get(channel, channel),
         draft=draft,
+        window=window,
+        since_customer_wrote=elapsed(datetime.now(UTC) - wrote) if wrote else "",
+        templates=templates.items,
+        chosen=chosen,
+        values=values,
+        previews=_previews(templates.items, chosen, values),
     )
 
 
@@ -183,6 +228,25 @@ async def reply_action(request: web.Request) -> web.StreamResponse:
     raise redirect(f"{LIST}/{_conversation_id(request)}", "replied", "reply")
 
 
+@page
+async def template_action(request: web.Request) -> web.StreamResponse:
+    data = await form(request)
+    name = text(data, "name")
+    values = [v.strip() for v in data.getall("values", []) if isinstance(v, str)]
+    try:
+        labels = {
+            "name": "Template",
+            **{f"values.{i}": f"Value for {{{{{i + 1}}}}}" for i in range(len(values))},
+        }
+        body = validated(TemplateSendBody, {"name": name, "values": values}, labels)
+        await send_template(call(request, body=body))
+    except ParleyError as exc:
+        return await _conversation_page(
+            request, error=exc.message, status=status_for(exc), chosen=name, values=values
+        )
+    raise redirect(f"{LIST}/{_conversation_id(request)}", "template-sent", "reply")
+
+
 async def home(request: web.Request) -> web.StreamResponse:
     raise web.HTTPSeeOther(LIST)
 
@@ -196,4 +260,5 @@ def routes() -> list[Route]:
         route("POST", one + "/take-over", take_over_action, role="agent"),
         route("POST", one + "/hand-back", hand_back_action, role="agent"),
         route("POST", one + "/reply", reply_action, role="agent"),
+        route("POST", one + "/template", template_action, role="agent"),
     ]

@@ -48,6 +48,8 @@ NOTICES = {
     "taken-over": "You have taken this conversation over; the bot is paused.",
     "handed-back": "The conversation is back with the bot.",
     "replied": "Your reply is on its way.",
+    "template-sent": "The template is on its way.",
+    "templates-saved": "Templates saved.",
     "gaps-resolved": "Marked as resolved.",
     "source-added": "Source added; it is being indexed.",
     "source-reindexing": "The source is being read again.",

@@ -1,0 +1,239 @@
+"""Voice notes and pictures on the messaging channels, through the inbox worker to the reply.
+
+A voice note is downloaded with the channel's own credentials (Telegram's getFile, Twilio's
+media URL with Basic auth), transcribed by the OpenAI-compatible fake, and answered like
+text; staff see the transcript in the turn's trace. Without a transcription model, or for a
+picture without a caption, the customer is told in their language what to do instead.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from core.answer.phrases import phrase
+from core.settings import Settings
+from core.store import Agents
+from gateway.voice import VoiceNotes, open_voice_notes
+from tests.conftest import MakeSettings
+from tests.fakes.media import FakeMediaHost, MediaFile
+from tests.fakes.openai import FakeOpenAI, audio_key
+from tests.integration.test_inbox_worker import WHATSAPP_FROM, Rig, Running, rig, running
+from tests.support.deliveries import add_delivery
+from tests.support.waiting import wait_until
+
+__all__ = ["rig", "running"]  # the fixtures, shared with the inbox worker's tests
+
+VOICE = b"OggS\x00\x02" + bytes(range(200))  # what the customer recorded
+QUESTION = "How long does delivery to Belgium take?"
+CUSTOMER = "whatsapp:+31611122233"
+
+
+@pytest.fixture
+async def openai_fake() -> AsyncIterator[tuple[FakeOpenAI, str]]:
+    fake = FakeOpenAI(transcripts={audio_key(VOICE): QUESTION})
+    server = TestServer(fake.app())
+    await server.start_server()
+    yield fake, str(server.make_url("/v1"))
+    await server.close()
+
+
+def _voice_settings(
+    rig: Rig, make_settings: MakeSettings, openai_url: str | None, **more: Any
+) -> Settings:
+    """The gateway's settings: the environment's Telegram bot (and Twilio account), and a
+    transcription model at the fake OpenAI when ``openai_url`` is given."""
+    values: dict[str, Any] = {
+        "telegram_bot_token": rig.telegram.token,
+        "telegram_api_base": rig.senders["telegram"]._api_base,
+        **more,
+    }
+    if openai_url is not None:
+        values |= {
+            "llm_base_url": openai_url,
+            "llm_api_key": "sk-test",
+            "transcribe_model": "whisper-1",
+        }
+    return make_settings(**values)
+
+
+def _telegram_voice(update_id: int, chat: int, language: str = "en") -> dict[str, Any]:
+    return {
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id, "date": 1700000000,
+            "chat": {"id": chat, "type": "private", "first_name": "Ann"},
+            "from": {"id": chat, "is_bot": False, "first_name": "Ann", "last_name": "Smit",
+                     "username": "annsmit", "language_code": language},
+            "voice": {"file_id": "AwACvoice", "file_unique_id": "AgADv", "duration": 3,
+                      "mime_type": "audio/ogg", "file_size": len(VOICE)},
+        },
+    }  # fmt: skip
+
+
+async def _voice_notes(rig: Rig, settings: Settings) -> AsyncIterator[VoiceNotes]:
+    async with aiohttp.ClientSession() as http:
+        voice = open_voice_notes(settings, http, Agents(rig.database.pool))
+        try:
+            yield voice
+        finally:
+            await voice.close()
+
+
+async def _trace(rig: Rig, chat: str) -> tuple[str, dict[str, Any]]:
+    row = await rig.database.pool.fetchrow(
+        """SELECT m.text, t.trace FROM turns t
+             JOIN conversations c ON c.id = t.conversation_id
+             JOIN messages m ON m.conversation_id = c.id AND m.role = 'visitor'
+            WHERE c.conversation_key = $1 ORDER BY t.id DESC, m.id DESC LIMIT 1""",
+        chat,
+    )
+    assert row is not None
+    return row["text"], dict(row["trace"])
+
+
+async def test_a_telegram_voice_note_is_transcribed_and_answered(
+    rig: Rig, running: Running, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    fake, url = openai_fake
+    rig.telegram.files["AwACvoice"] = (VOICE, "voice/file_7.oga")
+    assert await add_delivery(
+        rig.inbox, rig.agent.id, "telegram", "9001", "601", _telegram_voice(9001, 601)
+    )
+    async for voice in _voice_notes(rig, _voice_settings(rig, make_settings, url)):
+        assert await rig.worker(burst_window=0.0, transcripts=voice).process_next()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.outbox_settled)
+    [reply] = [m["text"] for m in rig.telegram.messages if m["chat_id"] == 601]
+    assert "2-3 working days" in reply
+    assert rig.telegram.downloads == ["voice/file_7.oga"]
+    [upload] = fake.transcription_requests
+    assert (upload["model"], upload["sha256"]) == ("whisper-1", audio_key(VOICE))
+    # Staff read what was heard, beside the voice note it came from.
+    question, trace = await _trace(rig, "601")
+    assert question == QUESTION
+    assert trace["voice"] == [{"media": "AwACvoice", "transcript": QUESTION}]
+    # ... and see who wrote: the name and handle Telegram gave.
+    name = await rig.database.pool.fetchrow(
+        "SELECT customer_name, customer_handle FROM conversations WHERE conversation_key = '601'"
+    )
+    assert (name["customer_name"], name["customer_handle"]) == ("Ann Smit", "annsmit")
+
+
+async def test_a_whatsapp_voice_note_is_fetched_with_the_accounts_basic_auth(
+    rig: Rig, running: Running, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    fake, url = openai_fake
+    sid, token = rig.twilio.account_sid, rig.twilio.auth_token
+    basic = "Basic " + base64.b64encode(f"{sid}:{token}".encode()).decode()
+    host = FakeMediaHost(files={"/media/ME1": MediaFile(VOICE, "audio/ogg")}, authorization=basic)
+    server = TestServer(host.app())
+    await server.start_server()
+    payload = {
+        "MessageSid": "SM" + "4" * 32, "From": CUSTOMER, "To": WHATSAPP_FROM, "Body": "",
+        "NumMedia": "1", "MediaUrl0": str(server.make_url("/media/ME1")),
+        "MediaContentType0": "audio/ogg", "ProfileName": "Joost",
+    }  # fmt: skip
+    assert await add_delivery(
+        rig.inbox, rig.agent.id, "whatsapp", payload["MessageSid"], CUSTOMER, payload
+    )
+    voice_settings = _voice_settings(
+        rig, make_settings, url, twilio_account_sid=sid, twilio_auth_token=token
+    )
+    try:
+        async for voice in _voice_notes(rig, voice_settings):
+            assert await rig.worker(burst_window=0.0, transcripts=voice).process_next()
+    finally:
+        await server.close()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.outbox_settled)
+    [reply] = rig.twilio.bodies
+    assert "2-3 working days" in reply
+    assert [seen.authorization for seen in host.requests] == [basic]
+    assert fake.transcription_requests[0]["sha256"] == audio_key(VOICE)
+
+
+@pytest.mark.parametrize("language", ["nl", "de"])
+async def test_without_a_transcription_model_the_customer_is_asked_to_type(
+    rig: Rig, running: Running, make_settings: MakeSettings, language: str
+) -> None:
+    rig.telegram.files["AwACvoice"] = (VOICE, "voice/file_7.oga")
+    update = _telegram_voice(9002, 602, language)
+    assert await add_delivery(rig.inbox, rig.agent.id, "telegram", "9002", "602", update)
+    async for voice in _voice_notes(rig, _voice_settings(rig, make_settings, None)):
+        assert not voice.available
+        assert await rig.worker(burst_window=0.0, transcripts=voice).process_next()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.outbox_settled)
+    assert [m["text"] for m in rig.telegram.messages] == [phrase("type_please", language)]
+    assert rig.telegram.downloads == []  # nothing fetched that nobody can listen to
+
+
+async def test_a_failed_transcription_is_tried_again_not_answered_wrongly(
+    rig: Rig, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    fake, url = openai_fake
+    fake.transcription_failures = [503]
+    rig.telegram.files["AwACvoice"] = (VOICE, "voice/file_7.oga")
+    assert await add_delivery(
+        rig.inbox, rig.agent.id, "telegram", "9003", "603", _telegram_voice(9003, 603)
+    )
+    async for voice in _voice_notes(rig, _voice_settings(rig, make_settings, url)):
+        assert await rig.worker(burst_window=0.0, transcripts=voice).process_next()
+    row = await rig.database.pool.fetchrow("SELECT status, attempts, error FROM inbox")
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "transcription failed" in row["error"]
+    assert await rig.outbox.rows(rig.agent.id) == []
+
+
+async def test_a_picture_is_answered_from_its_caption_or_told_text_only(
+    rig: Rig, running: Running
+) -> None:
+    picture = {"NumMedia": "1", "MediaUrl0": "https://api.twilio.com/media/ME2",
+               "MediaContentType0": "image/jpeg", "To": WHATSAPP_FROM}  # fmt: skip
+    captioned = {"MessageSid": "SM" + "5" * 32, "From": CUSTOMER, "Body": QUESTION, **picture}
+    bare = {"MessageSid": "SM" + "6" * 32, "From": "whatsapp:+4915112345678", "Body": "", **picture}
+    for payload in (captioned, bare):
+        assert await add_delivery(
+            rig.inbox, rig.agent.id, "whatsapp", payload["MessageSid"], payload["From"], payload
+        )
+    # The second customer writes German: told in German that the assistant reads text only.
+    await rig.database.pool.execute(
+        """INSERT INTO conversations (agent_id, channel, conversation_key, language)
+           VALUES ($1, 'whatsapp', $2, 'de')""",
+        rig.agent.id,
+        bare["From"],
+    )
+    running.start(rig.worker(burst_window=0.0).run())
+    running.start(rig.sender().run())
+
+    await wait_until(rig.all_done)
+    await wait_until(rig.outbox_settled)
+    by_customer = {m["to"]: m["body"] for m in rig.twilio.messages}
+    assert "2-3 working days" in by_customer[CUSTOMER]
+    assert by_customer[bare["From"]] == phrase("text_only", "de")
+    assert len(rig.twilio.messages) == 2  # each answered once
+
+
+async def test_a_voice_note_gone_from_the_provider_gets_please_type(
+    rig: Rig, running: Running, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    fake, url = openai_fake
+    # Telegram no longer has the file (getFile fails): no retry can hear it.
+    update = _telegram_voice(9004, 604, "nl")
+    assert await add_delivery(rig.inbox, rig.agent.id, "telegram", "9004", "604", update)
+    async for voice in _voice_notes(rig, _voice_settings(rig, make_settings, url)):
+        assert await rig.worker(burst_window=0.0, transcripts=voice).process_next()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.outbox_settled)
+    assert [m["text"] for m in rig.telegram.messages] == [phrase("type_please", "nl")]
+    assert fake.transcription_requests == []
