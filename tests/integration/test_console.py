@@ -40,8 +40,8 @@ from tests.support.console import (
     WHATSAPP,
     Seeded,
     csrf_of,
-    form_token_of,
     seed,
+    sign_in,
 )
 from tests.support.deliveries import add_delivery
 
@@ -80,15 +80,6 @@ class Console:
         response = await self.post(path, data)
         assert response.status == 303, await response.text()
         return response.headers["Location"]
-
-
-async def sign_in(client: Client, **fields: str) -> ClientResponse:
-    page = await client.get("/admin/sign-in")
-    assert page.status == 200
-    token = form_token_of(await page.text())
-    return await client.post(
-        "/admin/sign-in", data={"form_token": token, **fields}, allow_redirects=False
-    )
 
 
 def opened(sealed: Any) -> str:

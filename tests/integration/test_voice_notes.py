@@ -9,21 +9,24 @@ picture without a caption, the customer is told in their language what to do ins
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestClient, TestServer
 
 from core.answer.phrases import phrase
 from core.settings import Settings
 from core.store import Agents
+from gateway.app import create_app
 from gateway.voice import VoiceNotes, open_voice_notes
 from tests.conftest import MakeSettings
 from tests.fakes.media import FakeMediaHost, MediaFile
 from tests.fakes.openai import FakeOpenAI, audio_key
 from tests.integration.test_inbox_worker import WHATSAPP_FROM, Rig, Running, rig, running
+from tests.support.console import sign_in
 from tests.support.deliveries import add_delivery
 from tests.support.waiting import wait_until
 
@@ -32,6 +35,7 @@ __all__ = ["rig", "running"]  # the fixtures, shared with the inbox worker's tes
 VOICE = b"OggS\x00\x02" + bytes(range(200))  # what the customer recorded
 QUESTION = "How long does delivery to Belgium take?"
 CUSTOMER = "whatsapp:+31611122233"
+ADMIN_TOKEN = "admin-token-for-voice-note-tests-0123456789"
 
 
 @pytest.fixture
@@ -237,3 +241,40 @@ async def test_a_voice_note_gone_from_the_provider_gets_please_type(
     await wait_until(rig.outbox_settled)
     assert [m["text"] for m in rig.telegram.messages] == [phrase("type_please", "nl")]
     assert fake.transcription_requests == []
+
+
+async def test_staff_listen_to_the_voice_note_beside_its_transcript(
+    rig: Rig, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    _, url = openai_fake
+    rig.telegram.files["AwACvoice"] = (VOICE, "voice/file_7.oga")
+    update = _telegram_voice(9005, 605)
+    assert await add_delivery(rig.inbox, rig.agent.id, "telegram", "9005", "605", update)
+    settings = _voice_settings(rig, make_settings, url, admin_token=ADMIN_TOKEN)
+    async for voice in _voice_notes(rig, settings):
+        assert await rig.worker(burst_window=0.0, transcripts=voice).process_next()
+    conversation = await rig.database.pool.fetchval(
+        "SELECT id FROM conversations WHERE conversation_key = '605'"
+    )
+    client = TestClient(TestServer(create_app(settings)))
+    await client.start_server()
+    try:
+        assert (await sign_in(client, token=ADMIN_TOKEN)).status == 303
+        page = await client.get(f"/admin/conversations/{conversation}")
+        html = await page.text()
+        assert page.status == 200
+        assert QUESTION in html
+        assert "Ann Smit" in html  # the customer's name, not the chat id
+        [source] = re.findall(r'<audio controls preload="none" src="([^"]+)"', html)
+        listened = await client.get(f"/admin/conversations/{source}")
+        assert listened.status == 200
+        assert listened.content_type == "audio/ogg"
+        assert await listened.read() == VOICE
+        assert listened.headers["Cache-Control"] == "private, no-store"
+        # A note the conversation does not have is a 404, not another conversation's.
+        missing = await client.get(f"/admin/conversations/{conversation}/voice/999999/0")
+        assert missing.status == 404
+    finally:
+        await client.close()
+    # Telegram served the file twice: to the transcription, and to staff.
+    assert rig.telegram.downloads == ["voice/file_7.oga", "voice/file_7.oga"]

@@ -10,8 +10,11 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
 
 from channels.registry import secret_fields
 from core.answer.factory import build_pipeline
@@ -185,3 +188,13 @@ def form_token_of(html: str) -> str:
     found = _FORM_TOKEN.search(html)
     assert found is not None, "no form token on the sign-in page"
     return found.group(1)
+
+
+async def sign_in(client: TestClient[Any, Any], **fields: str) -> ClientResponse:
+    """Sign in to the console (``token=...`` or ``email=..., password=...``); the answer."""
+    page = await client.get("/admin/sign-in")
+    assert page.status == 200
+    token = form_token_of(await page.text())
+    return await client.post(
+        "/admin/sign-in", data={"form_token": token, **fields}, allow_redirects=False
+    )

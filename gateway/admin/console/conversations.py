@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from channels.registry import BY_NAME, channel_names
-from core.errors import InvalidInput, ParleyError
+from core.errors import InvalidInput, NotFound, ParleyError
 from core.handoff import elapsed
 from core.store.agents import Agent
 from core.store.handoff import LIVE_CHANNEL
@@ -45,6 +45,7 @@ from gateway.admin.schemas import (
     TemplateOut,
     TemplateSendBody,
 )
+from gateway.keys import HTTP, SETTINGS
 from gateway.middlewares import status_for
 
 PAGE_SIZE = 25
@@ -195,6 +196,29 @@ async def conversation_page(request: web.Request) -> web.StreamResponse:
     return await _conversation_page(request)
 
 
+@page
+async def voice_note(request: web.Request) -> web.StreamResponse:
+    """A customer's voice note, fetched from their channel with the agent's credentials, so
+    staff can listen beside its transcript (the provider's own link needs those)."""
+    detail = await admin(request).transcripts.get(_conversation_id(request))
+    turn_id, number = int(request.match_info["turn"]), int(request.match_info["n"])
+    turn = next((t for t in detail.turns if t.id == turn_id), None)
+    notes = turn.trace.get("voice") if turn is not None else None
+    channel = BY_NAME.get(detail.conversation.channel)
+    if channel is None or not isinstance(notes, list) or number >= len(notes):
+        raise NotFound("no such voice note in this conversation")
+    agent = await admin(request).agents.get(detail.conversation.agent)
+    data, kind = await channel.fetch_media(
+        request.app[HTTP], agent, request.app[SETTINGS], str(notes[number].get("media", ""))
+    )
+    kind = kind.split(";")[0].strip().lower()
+    headers = {"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"}
+    if not kind.startswith("audio/"):
+        # Played only as audio: anything else is offered as a download, never rendered.
+        kind, headers["Content-Disposition"] = "application/octet-stream", "attachment"
+    return web.Response(body=data, content_type=kind, headers=headers)
+
+
 async def _handoff(
     request: web.Request, action: Callable[[Call], Awaitable[object]], done: str, anchor: str = ""
 ) -> web.StreamResponse:
@@ -257,6 +281,7 @@ def routes() -> list[Route]:
         route("GET", "/admin", home, role="agent"),
         route("GET", LIST, conversation_list, role="agent"),
         route("GET", one, conversation_page, role="agent"),
+        route("GET", one + r"/voice/{turn:\d+}/{n:\d+}", voice_note, role="agent"),
         route("POST", one + "/take-over", take_over_action, role="agent"),
         route("POST", one + "/hand-back", hand_back_action, role="agent"),
         route("POST", one + "/reply", reply_action, role="agent"),
