@@ -23,6 +23,17 @@ BY_NAME: Mapping[str, Channel] = MappingProxyType({c.name: c for c in CHANNELS})
 # Conversations that are not a messaging channel's: answered in the request itself.
 DIRECT_CHANNELS = ("web", "api", "playground", "test")
 
+# What staff call each channel: a messaging channel by its own title, then the others.
+CHANNEL_TITLES: Mapping[str, str] = MappingProxyType(
+    {
+        **{c.name: c.title for c in CHANNELS},
+        "web": "Website",
+        "api": "API",
+        "playground": "Playground",
+        "test": "Answer check",
+    }
+)
+
 
 def channel_names() -> tuple[str, ...]:
     """Every channel a conversation may be on, messaging channels first."""

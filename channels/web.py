@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from channels.inbound import find_agent, read_body
 from channels.inbound import parse_body as parse_body  # the staff playground's too
 from core.answer.pipeline import AnswerPipeline
-from core.errors import Forbidden, RateLimited, Unauthorized
+from core.errors import Forbidden, NotFound, RateLimited, Unauthorized
 from core.ports import Cache
 from core.store.agents import Agent, Agents
+from core.store.feedback import MAX_COMMENT_CHARS, Feedback, Rating
 from core.turns import MAX_MESSAGE_CHARS, CleanText, PageContext, TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,17 @@ class ClearBody(BaseModel):
     session_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,100}$")
 
 
+class FeedbackBody(BaseModel):
+    """A visitor's thumbs up or down on one of their own answers (``turn_id`` from ``done``)."""
+
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    session_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,100}$")
+    turn_id: int = Field(gt=0, lt=2**63)
+    rating: Rating
+    comment: CleanText | None = Field(None, max_length=MAX_COMMENT_CHARS)
+
+
 def sse(event: TurnEvent) -> bytes:
     return f"event: {event.kind}\ndata: {json.dumps(event.data, ensure_ascii=False)}\n\n".encode()
 
@@ -85,8 +97,10 @@ class WebChannel:
         public_url: str | None,
         *,
         client_address: Callable[[web.Request], str],
+        feedback: Feedback | None = None,
     ) -> None:
         self._pipeline = pipeline
+        self._feedback = feedback
         self._agents = agents
         self._cache = cache
         self._public_origin = _origin(public_url)
@@ -191,18 +205,39 @@ class WebChannel:
         await self._pipeline.memory.clear(agent.id, "web", body.session_id)
         return web.Response(status=204, headers=cors)
 
-    async def _rate_limited(self, agent: Agent, session: str, ip: str) -> float | None:
-        """Seconds to wait when the session or the address is over its budget, else None."""
+    async def feedback(self, request: web.Request) -> web.Response:
+        """A thumbs up or down on one of the visitor's own answers: 204 when recorded, 404 for
+        a turn that is not this session's (whether it exists or not)."""
+        agent = await find_agent(self._agents, request.match_info["agent"])
+        cors = self.admit(agent, request, request.headers.get("X-Parley-Key", ""), "X-Parley-Key")
+        body = await read_body(request, FeedbackBody)
+        limited = await self._rate_limited(
+            agent, body.session_id, self.client_address(request), bucket="web-feedback"
+        )
+        if limited is not None:
+            raise RateLimited("too many requests; please wait a moment", limited)
+        if self._feedback is None or not await self._feedback.record(
+            agent.id, "web", body.session_id, body.turn_id, body.rating, body.comment
+        ):
+            raise NotFound("no such answer in this conversation")
+        log.info("web.feedback agent=%s rating=%s", agent.slug, body.rating)
+        return web.Response(status=204, headers=cors)
+
+    async def _rate_limited(
+        self, agent: Agent, session: str, ip: str, *, bucket: str = "web"
+    ) -> float | None:
+        """Seconds to wait when the session or the address is over its budget, else None.
+        ``bucket`` keeps budgets apart: rating answers does not use up the chat's."""
         configured = agent.settings.get("rate_limits") or {}
         for scope, key in (
-            ("session", f"rate:web:{agent.id}:session:{session}"),
-            ("ip", f"rate:web:{agent.id}:ip:{ip}"),
+            ("session", f"rate:{bucket}:{agent.id}:session:{session}"),
+            ("ip", f"rate:{bucket}:{agent.id}:ip:{ip}"),
         ):
             rate, burst = configured.get(scope) or DEFAULT_LIMITS[scope]
-            bucket = await self._cache.take_token(key, rate=float(rate), capacity=float(burst))
-            if not bucket.allowed:
+            taken = await self._cache.take_token(key, rate=float(rate), capacity=float(burst))
+            if not taken.allowed:
                 log.info("web.rate_limited agent=%s scope=%s", agent.slug, scope)
-                return bucket.retry_after
+                return taken.retry_after
         return None
 
     def _too_many(self, retry_after: float, origin: str | None) -> web.Response:

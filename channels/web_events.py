@@ -11,6 +11,8 @@ stream was down arrives then. Events:
 - ``staff`` ``{"id", "text", "created_at"}``: a message from a person;
 - ``handoff`` ``{"id", "status", "created_at"}``: staff took over (``staff``), handed back
   (``bot``), or the visitor now waits for them (``waiting_for_staff``).
+- ``typing`` ``{"staff"}``: a staff member is writing a reply (sent again every few
+  seconds while they write).
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ class WidgetEvents:
                     for message in await self._feed.since(agent.id, "web", session, after):
                         await response.write(_message_frame(message))
                         after = message.id
+                    if follower.typing is not None:
+                        await response.write(_frame("typing", {"staff": follower.typing}))
+                        follower.typing = None
                     left = ends - loop.time()
                     if left <= 0:
                         break

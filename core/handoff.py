@@ -223,6 +223,7 @@ class Follower:
     def __init__(self) -> None:
         self._woken = asyncio.Event()
         self.closed = False
+        self.typing: str | None = None  # staff announced as writing since last read
 
     def wake(self) -> None:
         self._woken.set()
@@ -269,6 +270,7 @@ class ConversationFeed:
         self._max = max_followers
         self._delay = reconnect_delay
         self._followers: dict[_Key, set[Follower]] = {}
+        self._watchers: set[Follower] = set()  # live conversation lists: woken by any change
         self._conn: asyncpg.Connection | None = None
         self._reconnect: asyncio.Task[None] | None = None
         self._closed = False
@@ -293,7 +295,7 @@ class ConversationFeed:
             self._reconnect.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reconnect
-        for followers in self._followers.values():
+        for followers in [*self._followers.values(), self._watchers]:
             for follower in followers:
                 follower.closed = True
                 follower.wake()
@@ -319,6 +321,20 @@ class ConversationFeed:
                 followers.discard(follower)
                 if not followers:
                     del self._followers[(agent_id, channel, key)]
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[Follower]:
+        """Be woken when anything happens in any conversation (the staff's live list)."""
+        if self._closed:
+            raise Unavailable("the server is shutting down")
+        if len(self._watchers) + sum(len(f) for f in self._followers.values()) >= self._max:
+            raise TooManyFollowers()
+        watcher = Follower()
+        self._watchers.add(watcher)
+        try:
+            yield watcher
+        finally:
+            self._watchers.discard(watcher)
 
     async def since(self, agent_id: int, channel: str, key: str, after: int) -> list[FeedMessage]:
         return await self._store.feed_since(agent_id, channel, key, after)
@@ -346,7 +362,14 @@ class ConversationFeed:
         except (ValueError, KeyError, TypeError):
             log.warning("handoff.feed.bad_payload")
             return
+        for watcher in self._watchers:
+            watcher.wake()
+        kind = data.get("kind")
+        if kind in ("message", "inbox"):
+            return  # for the lists; what a conversation's followers see is announced apart
         for follower in self._followers.get(key, ()):
+            if kind == "typing":
+                follower.typing = str(data.get("staff") or "Staff")[:100]
             follower.wake()
 
     def _on_lost(self, conn: Any) -> None:
@@ -368,7 +391,7 @@ class ConversationFeed:
             if await self._listen():
                 log.info("handoff.feed.listening_again")
                 # Whatever was announced while nobody listened: let every follower re-read.
-                for followers in self._followers.values():
+                for followers in [*self._followers.values(), self._watchers]:
                     for follower in followers:
                         follower.wake()
                 return

@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -273,6 +274,23 @@ class Settings(BaseSettings):
     )
     # Conversations whose last message is older are deleted nightly; 0 keeps them forever.
     retention_days: int = Field(90, ge=0)
+
+    # Staff are told (console notifications, the webhook) when a customer asks for a person,
+    # or a conversation waits longer than this: a visitor message unanswered by bot or staff.
+    notify_waiting_minutes: float = Field(10.0, gt=0, le=24 * 60)
+    # Each such event is POSTed here as signed JSON (README: "Being told"); unset: not sent.
+    notify_webhook: HttpUrl | None = None
+    # Signs the webhook's events (X-Parley-Signature); required with notify_webhook.
+    notify_secret: Token | None = None
+
+    @model_validator(mode="after")
+    def _notify_secret_with_webhook(self) -> Settings:
+        if self.notify_webhook is not None and self.notify_secret is None:
+            raise ValueError(
+                "PARLEY_NOTIFY_SECRET is required when PARLEY_NOTIFY_WEBHOOK is set "
+                "(make one with: openssl rand -hex 32)"
+            )
+        return self
 
     @property
     def inbox_stuck_after(self) -> float:

@@ -18,6 +18,7 @@ from core.answer.question import load_language_models
 from core.handoff import ConversationFeed, Handoff
 from core.settings import Settings
 from core.store.api_keys import ApiKeys
+from core.store.feedback import Feedback
 from core.store.inbox import Inbox
 from core.store.outbox import Outbox
 from gateway import health, routes
@@ -97,7 +98,12 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
     runtime = answering.runtime
     pool, agents, pipeline = runtime.database.pool, runtime.agents, answering.pipeline
     app[WEB_CHANNEL] = WebChannel(
-        pipeline, agents, runtime.cache, runtime.settings.public_url, client_address=client_address
+        pipeline,
+        agents,
+        runtime.cache,
+        runtime.settings.public_url,
+        client_address=client_address,
+        feedback=Feedback(pool),
     )
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
     app[WIDGET_EVENTS] = WidgetEvents(

@@ -17,6 +17,7 @@ from core.store import open_database
 from gateway.commands import (
     agents,
     answers,
+    customers,
     inbox,
     jobs,
     knowledge,
@@ -75,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     jobs.register(commands)
     staff.register(commands)
     inbox.register(commands)
+    customers.register(commands)
     secrets.register(commands)
     return parser
 
@@ -105,6 +107,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         asyncio.run(_migrate(settings))
     elif args.command == "secrets":
         return secrets.run(args, settings)
+    elif args.command == "customer":
+        return asyncio.run(customers.run(args, settings))
     else:
         return asyncio.run(_with_runtime(args, settings))
     return 0

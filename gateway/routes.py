@@ -28,6 +28,10 @@ async def _clear(request: web.Request) -> web.Response:
     return await request.app[WEB_CHANNEL].clear(request)
 
 
+async def _feedback(request: web.Request) -> web.Response:
+    return await request.app[WEB_CHANNEL].feedback(request)
+
+
 async def _api_clear(request: web.Request) -> web.Response:
     return await request.app[API_CHANNEL].clear(request)
 
@@ -43,6 +47,8 @@ def channel_routes() -> list[web.RouteDef]:
         web.get("/api/v1/agents/{agent}/conversations/events", _conversation_events),
         web.post("/api/v1/agents/{agent}/conversations/clear", _clear),
         web.options("/api/v1/agents/{agent}/conversations/clear", _chat_preflight),
+        web.post("/api/v1/agents/{agent}/feedback", _feedback),
+        web.options("/api/v1/agents/{agent}/feedback", _chat_preflight),
         web.post("/api/v1/agents/{agent}/turns", _turn),
         web.delete("/api/v1/agents/{agent}/conversations/{conversation_key}", _api_clear),
     ]

@@ -15,6 +15,7 @@ from typing import Any
 from core.answer.question import load_language_models
 from core.settings import Settings
 from gateway.durable import run_inbox_worker, run_outbox_sender
+from gateway.notifications import run_notifier
 from gateway.runtime import Answering, open_answering, open_runtime
 from gateway.scheduled import run_scheduler
 
@@ -27,6 +28,7 @@ SERVICES: dict[str, Service] = {
     "inbox": run_inbox_worker,
     "outbox": run_outbox_sender,
     "jobs": run_scheduler,
+    "notify": run_notifier,
 }
 
 

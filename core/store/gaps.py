@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 import numpy as np
@@ -19,6 +20,8 @@ from core.ports import Embedder
 SIMILAR_QUESTION = 0.7
 MAX_OPEN = 2000  # newest open gaps grouped; older ones wait until these are resolved
 MAX_EXAMPLES = 5
+MAX_FEEDBACK = 5  # thumbs-down answers shown per group, newest first
+MAX_FEEDBACK_SOURCES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,24 @@ class Gap:
     language: str | None
     reason: str
     confidence: float | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class GapSource:
+    title: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class GapFeedback:
+    """A thumbs-down on an answer: what was asked, what the agent said and cited, and why."""
+
+    gap_id: int
+    question: str
+    answer: str
+    sources: tuple[GapSource, ...]
+    comment: str | None
     created_at: datetime
 
 
@@ -42,6 +63,8 @@ class GapGroup:
     gap_ids: tuple[int, ...]
     first_seen: datetime
     last_seen: datetime
+    reasons: tuple[str, ...] = ()  # weak_match, deferred, thumbs_down: why the group is here
+    feedback: tuple[GapFeedback, ...] = ()
 
     @property
     def key(self) -> int:
@@ -103,6 +126,21 @@ def _group(gaps: list[Gap]) -> GapGroup:
         gap_ids=tuple(g.id for g in gaps),
         first_seen=min(g.created_at for g in gaps),
         last_seen=max(g.created_at for g in gaps),
+        reasons=tuple(sorted({g.reason for g in gaps})),
+    )
+
+
+def _shown_sources(trace: Any) -> tuple[GapSource, ...]:
+    """The sources the visitor saw under the answer: those it cited (all it was given when it
+    cited none), as the turn's trace recorded them."""
+    if not isinstance(trace, dict):
+        return ()
+    given = [s for s in trace.get("sources") or [] if isinstance(s, dict) and s.get("url")]
+    cited = {str(n) for n in (trace.get("cited_sources") or {}).values()}
+    shown = [s for s in given if str(s.get("id")) in cited] if cited else given
+    return tuple(
+        GapSource(str(s.get("title") or s["url"]), str(s["url"]))
+        for s in shown[:MAX_FEEDBACK_SOURCES]
     )
 
 
@@ -126,6 +164,11 @@ class ContentGaps:
             embedder.name if embedder is not None else None,
         )
         gaps = [Gap(*(r[k] for k in Gap.__dataclass_fields__)) for r in rows]
+        return await self._with_feedback(await self._group(gaps, rows, embedder))
+
+    async def _group(
+        self, gaps: list[Gap], rows: Sequence[asyncpg.Record], embedder: Embedder | None
+    ) -> list[GapGroup]:
         if embedder is None or not gaps:
             return group_gaps(gaps, None)
         missing = [i for i, r in enumerate(rows) if r["vector"] is None]
@@ -145,6 +188,41 @@ class ContentGaps:
                 [(gaps[i].id, vectors[i], embedder.name) for i in missing],
             )
         return group_gaps(gaps, np.vstack([v for v in vectors if v is not None]))
+
+    async def _with_feedback(self, groups: list[GapGroup]) -> list[GapGroup]:
+        """Each group's thumbs-down answers, with the visitor's comment."""
+        wanted = [g for g in groups if "thumbs_down" in g.reasons]
+        if not wanted:
+            return groups
+        rows = await self._pool.fetch(
+            """SELECT g.id, coalesce(t.query, g.question) AS question, t.trace, f.comment,
+                      coalesce(f.created_at, g.created_at) AS created_at,
+                      (SELECT m.text FROM messages m
+                        WHERE m.turn_id = g.turn_id AND m.role = 'assistant'
+                        ORDER BY m.id DESC LIMIT 1) AS answer
+                 FROM content_gaps g
+                 LEFT JOIN turns t ON t.id = g.turn_id
+                 LEFT JOIN feedback f ON f.turn_id = g.turn_id
+                WHERE g.id = ANY($1::bigint[]) AND g.reason = 'thumbs_down'""",
+            [i for g in wanted for i in g.gap_ids],
+        )
+        found = {
+            r["id"]: GapFeedback(
+                gap_id=r["id"],
+                question=r["question"],
+                answer=r["answer"] or "",
+                sources=_shown_sources(r["trace"]),
+                comment=r["comment"],
+                created_at=r["created_at"],
+            )
+            for r in rows
+        }
+        return [
+            replace(g, feedback=tuple(found[i] for i in g.gap_ids if i in found)[:MAX_FEEDBACK])
+            if "thumbs_down" in g.reasons
+            else g
+            for g in groups
+        ]
 
     async def resolve(self, agent_id: int, gap_ids: Sequence[int]) -> int:
         """Mark gaps resolved (a whole group at once); returns how many were still open."""

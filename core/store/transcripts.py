@@ -15,6 +15,10 @@ from core.errors import InvalidInput, NotFound
 from core.store.database import MAX_ID
 
 Status = Literal["bot", "waiting_for_staff", "staff"]
+InboxStatus = Literal["open", "pending", "resolved"]
+INBOX_STATUSES: tuple[InboxStatus, ...] = ("open", "pending", "resolved")
+# Characters of the last message the list shows.
+LAST_TEXT_CHARS = 120
 # Trying an agent out and nightly checks make conversations too; staff see them when asked.
 HIDDEN_CHANNELS = ("playground", "test")
 MAX_PAGE = 200
@@ -33,6 +37,11 @@ class ConversationFilter:
     until: datetime | None = None  # last message before
     cursor: str | None = None  # `ConversationPage.next_cursor` of the previous page
     limit: int = 50
+    search: str | None = None  # words in a message or the customer's name (full text)
+    inbox_status: InboxStatus | None = None
+    assignee_id: int | None = None  # only those assigned to this staff account
+    unassigned: bool = False  # only those assigned to nobody
+    label: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +64,13 @@ class ConversationRow:
     created_at: datetime
     customer_name: str | None = None  # as the channel gave it
     customer_handle: str | None = None  # a user name (Telegram), without "@"
+    inbox_status: str = "open"  # open, pending or resolved
+    assignee_id: int | None = None  # the teammate it is assigned to
+    assignee: str | None = None  # their name (else address)
+    last_text: str | None = None  # the last message, cut at LAST_TEXT_CHARS
+    first_question: str | None = None  # the visitor's first message: the summary until one exists
+    unread: bool = False  # the visitor wrote after any staff member last opened it
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +172,25 @@ SELECT c.id, a.slug AS agent, a.name AS agent_name, c.channel,
        COALESCE(t.low_confidence OR t.confidence < a.confidence_threshold, false)
            AS low_confidence,
        (SELECT count(*) FROM messages m WHERE m.conversation_id = c.id) AS messages,
-       c.last_message_at, c.created_at
+       c.last_message_at, c.created_at,
+       c.inbox_status, c.assignee_id,
+       COALESCE(NULLIF(st.display_name, ''), st.email) AS assignee,
+       (SELECT left(m.text, 121) FROM messages m
+         WHERE m.conversation_id = c.id AND m.role <> 'system'
+         ORDER BY m.id DESC LIMIT 1) AS last_text,
+       (SELECT left(m.text, 121) FROM messages m
+         WHERE m.conversation_id = c.id AND m.role = 'visitor' AND m.generation = c.generation
+         ORDER BY m.id LIMIT 1) AS first_question,
+       EXISTS (SELECT 1 FROM messages m
+                WHERE m.conversation_id = c.id AND m.role = 'visitor'
+                  AND m.created_at > COALESCE(
+                      (SELECT max(r.read_at) FROM conversation_reads r
+                        WHERE r.conversation_id = c.id), '-infinity')) AS unread,
+       ARRAY(SELECT l.label FROM conversation_labels l
+              WHERE l.conversation_id = c.id ORDER BY l.label) AS labels
   FROM conversations c
   JOIN agents a ON a.id = c.agent_id
+  LEFT JOIN staff st ON st.id = c.assignee_id
   LEFT JOIN summaries s ON s.conversation_id = c.id AND s.generation = c.generation
   LEFT JOIN LATERAL (
         SELECT confidence, low_confidence FROM turns
@@ -168,7 +200,12 @@ SELECT c.id, a.slug AS agent, a.name AS agent_name, c.channel,
 
 
 def _row(record: asyncpg.Record) -> ConversationRow:
-    return ConversationRow(**dict(record))
+    row = dict(record)
+    row["labels"] = tuple(row["labels"])
+    for name in ("last_text", "first_question"):
+        if row[name] is not None and len(row[name]) > LAST_TEXT_CHARS:
+            row[name] = row[name][: LAST_TEXT_CHARS - 1].rstrip() + "…"
+    return ConversationRow(**row)
 
 
 def _trace(record: asyncpg.Record) -> TurnTrace:
@@ -231,6 +268,27 @@ class Transcripts:
             where.append(f"c.last_message_at >= {arg(wanted.since)}")
         if wanted.until is not None:
             where.append(f"c.last_message_at < {arg(wanted.until)}")
+        if wanted.search:
+            words = arg(wanted.search)
+            where.append(
+                f"""(to_tsvector('simple', coalesce(c.customer_name, '') || ' ' ||
+                                 coalesce(c.customer_handle, '') || ' ' || c.conversation_key)
+                       @@ websearch_to_tsquery('simple', {words})
+                     OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id
+                                   AND to_tsvector('simple', m.text)
+                                       @@ websearch_to_tsquery('simple', {words})))"""
+            )
+        if wanted.inbox_status is not None:
+            where.append(f"c.inbox_status = {arg(wanted.inbox_status)}")
+        if wanted.assignee_id is not None:
+            where.append(f"c.assignee_id = {arg(wanted.assignee_id)}")
+        if wanted.unassigned:
+            where.append("c.assignee_id IS NULL")
+        if wanted.label:
+            where.append(
+                "EXISTS (SELECT 1 FROM conversation_labels l WHERE l.conversation_id = c.id"
+                f" AND l.label = {arg(wanted.label)})"
+            )
         if wanted.cursor is not None:
             at, before_id = decode_cursor(wanted.cursor)
             where.append(f"(c.last_message_at, c.id) < ({arg(at)}, {arg(before_id)})")

@@ -13,14 +13,16 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from channels.base import Channel
 from channels.credentials import OPTION_KEYS, own_credentials
-from channels.registry import BY_NAME, CHANNELS
+from channels.registry import BY_NAME, CHANNEL_TITLES, CHANNELS, channel_names
 from channels.web import WRITING_RULE, SseTurnOutput, parse_body
 from core.answer.escalation import validate_handoff_settings
 from core.delivery import Template
@@ -30,6 +32,7 @@ from core.knowledge.sources import SourceSpec
 from core.llm.limits import validate_llm_limits
 from core.store.agents import Agent
 from core.store.database import MAX_ID
+from core.store.reports import Figures, period_bounds
 from core.store.staff import Role
 from core.store.transcripts import ConversationFilter
 from core.turns import TurnEvent, TurnRequest
@@ -39,7 +42,7 @@ from gateway.admin.events import PLAYGROUND_EVENTS, Events
 from gateway.admin.guard import API_PREFIX
 from gateway.admin.services import AdminServices
 from gateway.client_address import client_address
-from gateway.keys import ADMIN, WEB_CHANNEL
+from gateway.keys import ADMIN, SETTINGS, WEB_CHANNEL
 
 Reply = BaseModel | web.StreamResponse | None
 
@@ -433,7 +436,13 @@ async def list_conversations(call: Call) -> s.ConversationPageOut:
     query: s.ConversationQuery = call.query
     if query.agent is not None:
         await call.admin.agents.get(query.agent)
-    page = await call.admin.transcripts.list(ConversationFilter(**query.model_dump()))
+    wanted = query.model_dump(exclude={"view"})
+    wanted["assignee_id"] = call.staff.id if query.view == "mine" else None
+    if query.view == "mine" and call.staff.id is None:
+        wanted["assignee_id"] = 0  # the admin token is no account: nothing is assigned to it
+    page = await call.admin.transcripts.list(
+        ConversationFilter(**wanted, unassigned=query.view == "unassigned")
+    )
     return s.ConversationPageOut.model_validate(page)
 
 
@@ -645,6 +654,104 @@ async def retry_inbox(call: Call) -> s.InboxRetriedOut:
     return s.InboxRetriedOut(retried=await call.admin.inbox.retry(body.ids))
 
 
+# -- notifications --------------------------------------------------------------------------
+
+
+@operation(
+    "GET",
+    "/notifications",
+    "Customers who asked for a person or waited too long, and the webhook's deliveries",
+    "notifications",
+    query=s.NotificationQuery,
+    response=s.NotificationList,
+)
+async def list_notifications(call: Call) -> s.NotificationList:
+    """Newest first; each event is also one delivery to PARLEY_NOTIFY_WEBHOOK (README:
+    "Being told"), with its attempts so far."""
+    query: s.NotificationQuery = call.query
+    rows = await call.admin.notifications.recent(query.limit)
+    items = [
+        s.NotificationOut(
+            id=r.id,
+            type=r.type,  # type: ignore[arg-type]  # the table's CHECK allows only these
+            agent=r.agent,
+            channel=r.channel,
+            conversation_id=r.conversation_id,
+            customer=r.customer,
+            waiting_since=r.waiting_since,
+            created_at=r.created_at,
+            status=r.status,  # type: ignore[arg-type]
+            attempts=r.attempts,
+            last_status_code=r.last_status_code,
+            last_error=r.last_error,
+            next_attempt_at=r.next_attempt_at if r.status == "pending" else None,
+            delivered_at=r.delivered_at,
+        )
+        for r in rows
+    ]
+    webhook = call.request.app[SETTINGS].notify_webhook is not None
+    return s.NotificationList(items=items, webhook=webhook)
+
+
+# -- privacy requests -----------------------------------------------------------------------
+
+
+@operation(
+    "POST",
+    "/agents/{agent}/customers/erase",
+    "Erase one customer's data on a channel: conversations, messages, summaries, traces, "
+    "content gaps, feedback, inbox and outbox rows and cached memory (audited by a keyed hash)",
+    "privacy",
+    body=s.CustomerEraseBody,
+    response=s.CustomerErasureOut,
+)
+async def erase_customer(call: Call) -> s.CustomerErasureOut:
+    body: s.CustomerEraseBody = call.body
+    agent = await call.agent()
+    erasure = await call.admin.customers.erase(
+        agent_id=agent.id,
+        agent=agent.slug,
+        channel=body.channel,
+        customer_id=body.id,
+        staff=call.staff.label,
+    )
+    return s.CustomerErasureOut(
+        agent=agent.slug,
+        channel=body.channel,
+        erased=s.ErasedOut.model_validate(erasure.erased),
+        cached_memory_forgotten=len(erasure.conversation_ids),
+        audit_customer_hash=erasure.customer_hash,
+    )
+
+
+@operation(
+    "GET",
+    "/agents/{agent}/customers/export",
+    "Export one customer's conversations on a channel as JSON (audited by a keyed hash)",
+    "privacy",
+    query=s.CustomerExportQuery,
+    response=s.CustomerExportOut,
+)
+async def export_customer(call: Call) -> s.CustomerExportOut:
+    query: s.CustomerExportQuery = call.query
+    agent = await call.agent()
+    conversations = await call.admin.customers.export(
+        agent_id=agent.id,
+        agent=agent.slug,
+        channel=query.channel,
+        customer_id=query.id,
+        staff=call.staff.label,
+        traces=query.traces,
+    )
+    return s.CustomerExportOut(
+        agent=agent.slug,
+        channel=query.channel,
+        customer=query.id,
+        exported_at=datetime.now(UTC),
+        conversations=[s.ExportedConversationOut.model_validate(c) for c in conversations],
+    )
+
+
 # -- content gaps ---------------------------------------------------------------------------
 
 
@@ -675,6 +782,57 @@ async def resolve_gaps(call: Call) -> s.ResolvedOut:
     body: s.ResolveGapsBody = call.body
     agent = await call.agent()
     return s.ResolvedOut(resolved=await call.admin.gaps.resolve(agent.id, body.gap_ids))
+
+
+# -- reports --------------------------------------------------------------------------------
+
+TOP_GAPS = 10
+
+
+@operation(
+    "GET",
+    "/reports",
+    "An agent's figures per day and channel over a period, in the agent's time zone",
+    "reports",
+    query=s.ReportQuery,
+    response=s.ReportOut,
+    role="agent",
+)
+async def get_report(call: Call) -> s.ReportOut:
+    query: s.ReportQuery = call.query
+    agent = await call.admin.agents.get(query.agent)
+    last_day = query.to or datetime.now(ZoneInfo(agent.timezone)).date()
+    first_day = query.from_ or last_day - timedelta(days=29)
+    if first_day > last_day:
+        raise InvalidInput("from is after to")
+    if (last_day - first_day).days >= s.MAX_REPORT_DAYS:
+        raise InvalidInput(f"a report covers at most {s.MAX_REPORT_DAYS} days")
+    report = await call.admin.reports.report(agent.id, agent.timezone, first_day, last_day)
+    start, end = period_bounds(first_day, last_day, agent.timezone)
+    groups = await call.admin.gaps.grouped(agent.id, call.admin.embedder)
+    asked = [g for g in groups if g.last_seen >= start and g.first_seen < end]
+    named = {r.channel for r in report.channels if r.channel is not None}
+    return s.ReportOut(
+        agent=agent.slug,
+        timezone=agent.timezone,
+        first_day=first_day,
+        last_day=last_day,
+        channels=[
+            s.ReportChannelOut(name=name, title=CHANNEL_TITLES.get(name, name))
+            for name in (*channel_names(), *sorted(named - set(channel_names())))
+            if name in named
+        ],
+        days=[_figures_out(f) for f in report.days],
+        per_channel=[_figures_out(f) for f in report.channels],
+        total=_figures_out(report.total),
+        feedback_recorded=report.feedback_recorded,
+        resolved_by=report.resolved_by,
+        gaps=[s.ReportGapOut.model_validate(g) for g in asked[:TOP_GAPS]],
+    )
+
+
+def _figures_out(figures: Figures) -> s.ReportFiguresOut:
+    return s.ReportFiguresOut.model_validate(figures)
 
 
 # -- sources --------------------------------------------------------------------------------
@@ -996,3 +1154,7 @@ async def playground(call: Call) -> web.StreamResponse:
             response, call.admin, details if body.diagnostics else None
         ),
     )
+
+
+# Registered last: the inbox work's operations are declared in their own module.
+from gateway.admin import inbox_api  # noqa: E402, F401

@@ -93,8 +93,13 @@ class HandoffData(Out):
     created_at: datetime
 
 
+class TypingData(Out):
+    staff: str = Field(description="who of the staff is writing (shown as typing)")
+
+
 CONVERSATION_EVENTS: Events = (
     ("state", StateData),
     ("staff", StaffData),
     ("handoff", HandoffData),
+    ("typing", TypingData),
 )

@@ -15,7 +15,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from channels.api import TurnBody
 from channels.base import Channel, WebhookDoc
 from channels.registry import CHANNELS
-from channels.web import ChatBody, ClearBody
+from channels.web import ChatBody, ClearBody, FeedbackBody
 from core.store.database import MAX_ID
 from core.store.staff import Role
 from gateway.admin.api import OPERATIONS, Operation
@@ -106,6 +106,19 @@ _CHANNEL_ROUTES = (
         body=ClearBody,
         status=204,
         security="widget_key",
+    ),
+    _Doc(
+        "POST",
+        "/api/v1/agents/{agent}/feedback",
+        "widget_feedback",
+        "A visitor's thumbs up or down on one of their answers (a later one replaces it)",
+        "channels",
+        body=FeedbackBody,
+        status=204,
+        security="widget_key",
+        description="turn_id is the done event's. Only the session's own answers can be "
+        "rated: any other turn is a 404, whether it exists or not. A thumbs-down shows among "
+        "the agent's content gaps, with the comment.",
     ),
     _Doc(
         "GET",

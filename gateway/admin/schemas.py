@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -547,6 +547,14 @@ class ConversationQuery(Query):
     until: Moment | None = Field(None, description="last message before")
     cursor: str | None = Field(None, max_length=200, description="next_cursor of the last page")
     limit: int = Field(50, ge=1, le=200)
+    search: str | None = Field(
+        None, max_length=200, description="words in a message or the customer's name"
+    )
+    inbox_status: Literal["open", "pending", "resolved"] | None = None
+    view: Literal["all", "mine", "unassigned"] = Field(
+        "all", description="mine: assigned to you; unassigned: assigned to nobody"
+    )
+    label: str | None = Field(None, max_length=50)
 
 
 class ConversationOut(Out):
@@ -575,6 +583,17 @@ class ConversationOut(Out):
     messages: int
     last_message_at: datetime
     created_at: datetime
+    inbox_status: Literal["open", "pending", "resolved"] = "open"
+    assignee_id: int | None = Field(None, description="the staff account it is assigned to")
+    assignee: str | None = Field(None, description="that teammate's name")
+    last_text: str | None = Field(None, description="the last message, cut at 120 characters")
+    first_question: str | None = Field(
+        None, description="the visitor's first message: shown until there is a summary"
+    )
+    unread: bool = Field(
+        False, description="the visitor wrote after any staff member last opened it"
+    )
+    labels: list[str] = []
 
 
 class ConversationPageOut(Out):
@@ -723,7 +742,55 @@ class InboxRetriedOut(Out):
     retried: int = Field(description="messages taken up again (failed or backing off)")
 
 
+# -- notifications --------------------------------------------------------------------------
+
+
+class NotificationQuery(Query):
+    limit: int = Field(50, ge=1, le=500)
+
+
+class NotificationOut(Out):
+    id: int
+    type: Literal["handoff.requested", "conversation.waiting"] = Field(
+        description="handoff.requested: the customer asked for a person; conversation.waiting: "
+        "a message has waited longer than PARLEY_NOTIFY_WAITING_MINUTES"
+    )
+    agent: str
+    channel: str
+    conversation_id: int
+    customer: str | None = Field(description="a name or a handle; never a phone number")
+    waiting_since: datetime
+    created_at: datetime
+    status: Literal["pending", "delivered", "failed", "skipped"] = Field(
+        description="the webhook delivery: skipped when no PARLEY_NOTIFY_WEBHOOK was set"
+    )
+    attempts: int
+    last_status_code: int | None = Field(description="the receiver's HTTP status, last attempt")
+    last_error: str | None
+    next_attempt_at: datetime | None = Field(description="when it is tried again (pending)")
+    delivered_at: datetime | None
+
+
+class NotificationList(Out):
+    items: list[NotificationOut]
+    webhook: bool = Field(description="whether PARLEY_NOTIFY_WEBHOOK is set")
+
+
 # -- content gaps ---------------------------------------------------------------------------
+
+
+class GapSourceOut(Out):
+    title: str
+    url: str
+
+
+class GapFeedbackOut(Out):
+    gap_id: int
+    question: str
+    answer: str = Field(description="the answer the visitor rated down")
+    sources: list[GapSourceOut] = Field(description="the sources shown under that answer")
+    comment: str | None = Field(description="what the visitor wrote, if anything")
+    created_at: datetime
 
 
 class GapGroupOut(Out):
@@ -735,6 +802,11 @@ class GapGroupOut(Out):
     gap_ids: list[int]
     first_seen: datetime
     last_seen: datetime
+    reasons: list[Literal["weak_match", "deferred", "thumbs_down"]] = Field(
+        description="why its questions are gaps: a weak match, deferred to staff, or a "
+        "visitor's thumbs-down on the answer"
+    )
+    feedback: list[GapFeedbackOut] = Field(description="thumbs-down answers, newest first")
 
 
 class GapList(Out):
@@ -748,6 +820,86 @@ class ResolveGapsBody(Body):
 
 class ResolvedOut(Out):
     resolved: int
+
+
+# -- reports --------------------------------------------------------------------------------
+
+# The longest period one report covers: a bar per day stays readable.
+MAX_REPORT_DAYS = 92
+
+
+class ReportQuery(Query):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, populate_by_name=True)
+
+    agent: str = Field(min_length=1, max_length=100, description="an agent's slug")
+    from_: date | None = Field(
+        None,
+        alias="from",
+        description="first day, in the agent's time zone (default: 29 days before `to`)",
+    )
+    to: date | None = Field(
+        None, description="last day, included, in the agent's time zone (default: today there)"
+    )
+
+    @model_validator(mode="after")
+    def _period(self) -> ReportQuery:
+        if self.from_ is not None and self.to is not None:
+            if self.from_ > self.to:
+                raise ValueError("from is after to")
+            if (self.to - self.from_).days >= MAX_REPORT_DAYS:
+                raise ValueError(f"a report covers at most {MAX_REPORT_DAYS} days")
+        return self
+
+
+class ReportFiguresOut(Out):
+    day: date | None = Field(description="the day in the agent's time zone; null: the period")
+    channel: str | None = Field(description="null: all channels together")
+    conversations: int = Field(description="conversations in which the customer wrote")
+    questions: int = Field(description="customer messages the bot answered")
+    deflected: int = Field(
+        description="conversations answered by the bot alone: never waiting for or with staff"
+    )
+    handed_to_staff: int = Field(description="conversations that asked for or were taken by staff")
+    resolved: int = Field(description="conversations resolved (see resolved_by)")
+    thumbs_up: int
+    thumbs_down: int
+    thumbs_up_rate: float | None = Field(description="thumbs up / all thumbs; null: none given")
+    first_token_ms_median: float | None = Field(description="model's first token, milliseconds")
+    first_token_ms_p90: float | None
+    staff_first_response_s_median: float | None = Field(
+        description="seconds from a customer's message to staff's first reply to it"
+    )
+
+
+class ReportGapOut(Out):
+    question: str
+    count: int
+    last_seen: datetime
+
+
+class ReportChannelOut(Out):
+    name: str
+    title: str
+
+
+class ReportOut(Out):
+    agent: str
+    timezone: str = Field(description="days are counted in this time zone")
+    first_day: date = Field(description="the period's first day (the query's from)")
+    last_day: date = Field(description="the period's last day, included (the query's to)")
+    channels: list[ReportChannelOut] = Field(description="the channels with figures, in order")
+    days: list[ReportFiguresOut] = Field(
+        description="per day and channel; a day without a row on a channel had nothing there"
+    )
+    per_channel: list[ReportFiguresOut] = Field(description="per channel, the whole period")
+    total: ReportFiguresOut = Field(description="all channels, the whole period")
+    feedback_recorded: bool = Field(description="false: no feedback is stored yet")
+    resolved_by: Literal["handback", "status"] = Field(
+        description="handback: resolved counts staff handing the conversation back to the bot"
+    )
+    gaps: list[ReportGapOut] = Field(
+        description="the most asked open content gaps that were asked in the period"
+    )
 
 
 # -- sources --------------------------------------------------------------------------------
@@ -929,6 +1081,84 @@ class PlaygroundBody(Body):
     site_type: str | None = Field(None, max_length=100, description="e.g. shop, saas, public")
     page: PageContext | None = None
     diagnostics: bool = Field(True, description="end with a diagnostics event (the turn trace)")
+
+
+# -- privacy requests -----------------------------------------------------------------------
+
+# The channel's own id of a customer: a widget session id, whatsapp:+316..., a chat id.
+CustomerId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+class CustomerEraseBody(Body):
+    channel: ChannelName
+    id: CustomerId = Field(description="the channel's own id of the customer (conversation key)")
+
+
+class CustomerExportQuery(Query):
+    channel: ChannelName
+    id: CustomerId = Field(description="the channel's own id of the customer (conversation key)")
+    traces: bool = Field(False, description="also each turn's trace: what was searched and found")
+
+
+class ErasedOut(Out):
+    """How many rows of each kind were removed. Usage totals hold nothing of anyone and stay;
+    media is never stored, so there is none to remove."""
+
+    conversations: int
+    messages: int
+    summaries: int
+    turns: int
+    content_gaps: int
+    feedback: int
+    inbox: int
+    outbox: int
+
+
+class CustomerErasureOut(Out):
+    agent: str
+    channel: str
+    erased: ErasedOut
+    cached_memory_forgotten: int = Field(description="conversations whose cached memory went")
+    media: Literal["none stored"] = "none stored"
+    audit_customer_hash: str = Field(
+        description="how the audit log names the customer: a keyed hash, never the id"
+    )
+
+
+class ExportedMessageOut(Out):
+    role: str = Field(description="visitor, assistant, staff or system")
+    text: str
+    created_at: datetime
+
+
+class ExportedTurnOut(Out):
+    query: str
+    rewritten_query: str | None
+    confidence: float | None
+    mode: str
+    trace: dict[str, Any]
+    created_at: datetime
+
+
+class ExportedConversationOut(Out):
+    id: int
+    channel: str
+    customer_name: str | None
+    language: str | None
+    status: str
+    created_at: datetime
+    last_message_at: datetime
+    summary: str | None
+    messages: list[ExportedMessageOut]
+    turns: list[ExportedTurnOut] | None = Field(None, description="only when traces were asked")
+
+
+class CustomerExportOut(Out):
+    agent: str
+    channel: str
+    customer: str
+    exported_at: datetime
+    conversations: list[ExportedConversationOut]
 
 
 class ErrorDetail(Out):

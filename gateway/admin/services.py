@@ -11,14 +11,20 @@ from core.handoff import Handoff
 from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
 from core.knowledge.library import SourceLibrary
+from core.memory import build_memory
 from core.ports import Cache, Embedder
+from core.privacy import CustomerData
 from core.settings import Settings
 from core.store.agents import Agents
 from core.store.answer_checks import AnswerChecks
 from core.store.curated import CuratedAnswers
 from core.store.gaps import ContentGaps
 from core.store.inbox import Inbox
+from core.store.inbox_work import InboxWork
 from core.store.knowledge import KnowledgeStore
+from core.store.notifications import Notifications
+from core.store.privacy import Privacy
+from core.store.reports import Reports
 from core.store.staff import StaffAccounts, StaffSessions
 from core.store.transcripts import Transcripts
 from gateway.admin.auth import StaffAuth
@@ -40,8 +46,13 @@ class AdminServices:
     handoff: Handoff
     embedder: Embedder
     inbox: Inbox
+    reports: Reports
+    inbox_work: InboxWork  # read marks, status, assignment, labels, notes, saved replies
     # An unanswered messaging customer waiting this long (seconds) is listed as stuck.
     inbox_stuck_after: float
+    notifications: Notifications  # who waits for a person, and the webhook's deliveries
+    # Privacy requests: erase or export one customer's data (the cached memory with it).
+    customers: CustomerData
 
     @classmethod
     def build(
@@ -73,7 +84,11 @@ class AdminServices:
             handoff=handoff,
             embedder=embedder,
             inbox=Inbox(pool),
+            reports=Reports(pool),
+            inbox_work=InboxWork(pool),
             inbox_stuck_after=settings.inbox_stuck_after,
+            notifications=Notifications(pool),
+            customers=CustomerData(Privacy(pool), build_memory(settings, pool, cache, None)),
         )
 
     async def close(self) -> None:

@@ -30,6 +30,7 @@
   const EVENTS_ENDPOINT = `${BASE}/api/v1/agents/${encodeURIComponent(agent)}/conversations/events`;
   const RELISTEN_MS = [5000, 15000, 60000, 300000]; // after a stream is refused, wait this long
   const CLEAR_ENDPOINT = `${BASE}/api/v1/agents/${encodeURIComponent(agent)}/conversations/clear`;
+  const FEEDBACK_ENDPOINT = `${BASE}/api/v1/agents/${encodeURIComponent(agent)}/feedback`;
   const COLOR = /^#[0-9a-f]{3}([0-9a-f]{3})?$/i.test(script.getAttribute("data-color") || "")
     ? script.getAttribute("data-color")
     : null;
@@ -65,6 +66,13 @@
       left: "You're chatting with the assistant again.",
       waiting: "A person will reply here as soon as possible.",
       unread: "New message",
+      rate: "Was this answer helpful?",
+      helpful: "Helpful",
+      notHelpful: "Not helpful",
+      commentLabel: "What was missing? (optional)",
+      sendComment: "Send",
+      thanks: "Thanks for your feedback!",
+      feedbackFailed: "Your feedback couldn't be sent. Please try again.",
     },
     nl: {
       title: "Stel een vraag",
@@ -94,6 +102,13 @@
       left: "Je chat weer met de assistent.",
       waiting: "Een medewerker reageert hier zo snel mogelijk.",
       unread: "Nieuw bericht",
+      rate: "Was dit antwoord nuttig?",
+      helpful: "Nuttig",
+      notHelpful: "Niet nuttig",
+      commentLabel: "Wat ontbrak er? (optioneel)",
+      sendComment: "Versturen",
+      thanks: "Bedankt voor je feedback!",
+      feedbackFailed: "Je feedback kon niet worden verstuurd. Probeer het opnieuw.",
     },
     de: {
       title: "Stellen Sie eine Frage",
@@ -126,6 +141,13 @@
       left: "Sie chatten wieder mit dem Assistenten.",
       waiting: "Ein Mensch aus unserem Team antwortet Ihnen hier so bald wie möglich.",
       unread: "Neue Nachricht",
+      rate: "War diese Antwort hilfreich?",
+      helpful: "Hilfreich",
+      notHelpful: "Nicht hilfreich",
+      commentLabel: "Was hat gefehlt? (optional)",
+      sendComment: "Senden",
+      thanks: "Danke für Ihr Feedback!",
+      feedbackFailed: "Ihr Feedback konnte nicht gesendet werden. Bitte versuchen Sie es erneut.",
     },
     fr: {
       title: "Posez une question",
@@ -155,6 +177,13 @@
       left: "Vous discutez de nouveau avec l'assistant.",
       waiting: "Une personne vous répondra ici dès que possible.",
       unread: "Nouveau message",
+      rate: "Cette réponse vous a-t-elle aidé ?",
+      helpful: "Utile",
+      notHelpful: "Pas utile",
+      commentLabel: "Qu'est-ce qui manquait ? (facultatif)",
+      sendComment: "Envoyer",
+      thanks: "Merci pour votre avis !",
+      feedbackFailed: "Votre avis n'a pas pu être envoyé. Veuillez réessayer.",
     },
   };
   const rawLang = (document.documentElement.getAttribute("lang") || "").trim();
@@ -293,6 +322,8 @@
     close: ["M6 6l12 12", "M18 6L6 18"],
     compose: ["M12 20h9", "M16.5 3.5a2.12 2.12 0 0 1 3 3L7 19l-4 1 1-4z"],
     send: ["M22 2L11 13", "M22 2l-7 20-4-9-9-4z"],
+    up: ["M7 10v12", "M15 5.88L14 10h5.83a2 2 0 0 1 1.92 2.56l-2.33 8A2 2 0 0 1 17.5 22H4a2 2 0 0 1-2-2v-8a2 2 0 0 1 2-2h2.76a2 2 0 0 0 1.79-1.11L12 2a3.13 3.13 0 0 1 3 3.88z"],
+    down: ["M17 14V2", "M9 18.12L10 14H4.17a2 2 0 0 1-1.92-2.56l2.33-8A2 2 0 0 1 6.5 2H20a2 2 0 0 1 2 2v8a2 2 0 0 1-2 2h-2.76a2 2 0 0 0-1.79 1.11L12 22a3.13 3.13 0 0 1-3-3.88z"],
   };
   function icon(name) {
     const svg = document.createElementNS(SVG_NS, "svg");
@@ -783,6 +814,27 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
   margin-top: 8px; padding: 4px 12px; border: 1px solid currentColor; border-radius: 999px;
   background: transparent; color: inherit; font-size: 13px; cursor: pointer;
 }
+.feedback { display: flex; flex-wrap: wrap; align-items: center; gap: 4px; margin-top: 8px; padding-top: 6px; border-top: 1px solid var(--line); }
+.feedback-label { margin-right: auto; color: var(--muted); font-size: 12px; }
+.thumb {
+  width: 32px; height: 32px; padding: 0; display: inline-flex; align-items: center; justify-content: center;
+  border: 1px solid transparent; border-radius: 8px; background: transparent; color: var(--muted); cursor: pointer;
+}
+.thumb:hover { background: #eef1f4; color: var(--ink); }
+.thumb[aria-pressed="true"] { color: var(--pc); border-color: var(--pc); background: #eef1f4; background: color-mix(in srgb, var(--pc) 10%, #fff); }
+.thumb svg { width: 18px; height: 18px; }
+.feedback-form { flex-basis: 100%; display: flex; flex-direction: column; gap: 6px; margin-top: 4px; }
+.feedback-form label { color: var(--muted); font-size: 12px; }
+.feedback-form textarea {
+  width: 100%; min-height: 56px; max-height: 120px; padding: 6px 10px; resize: vertical;
+  font: inherit; font-size: 14px; line-height: 20px; color: var(--ink); background: #fff;
+  border: 1px solid #cfd6de; border-radius: 8px;
+}
+.feedback-form button {
+  align-self: flex-end; padding: 4px 14px; border: 0; border-radius: 999px;
+  background: var(--pc); color: var(--pc-text); font-size: 13px; cursor: pointer;
+}
+.feedback-note { flex-basis: 100%; margin: 2px 0 0; color: var(--muted); font-size: 12px; }
 .composer { display: flex; align-items: flex-end; gap: 8px; padding: 10px 12px 12px; flex: none; background: #fff; border-top: 1px solid var(--line); }
 .input {
   flex: 1; min-width: 0; height: 42px; max-height: 128px; margin: 0; padding: 10px 14px; resize: none;
@@ -803,6 +855,8 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
   background: #fff; border: 1px solid var(--line); border-left: 3px solid var(--pc);
 }
 .msg.staff .who { display: block; margin-bottom: 2px; color: var(--muted); font-size: 12px; font-weight: 600; white-space: normal; }
+.staff-typing { margin: 0; padding: 2px 14px; color: var(--muted); font-size: 12px; font-style: italic; }
+.staff-typing[hidden] { display: none; }
 .note { align-self: center; max-width: 90%; margin: 0; color: var(--muted); font-size: 13px; text-align: center; }
 .launcher.unread::after {
   content: ""; position: absolute; top: 2px; right: 2px; width: 12px; height: 12px;
@@ -975,7 +1029,24 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
     }
 
     /** A message from a person on the shop's side: plain text, labelled as the team's. */
+    // "<staff> is typing…" below the log while staff write in the console; it goes
+    // when their message arrives, or a few seconds after they stop.
+    const staffTyping = h("p", { class: "staff-typing", "aria-live": "polite", hidden: true });
+    log.after(staffTyping);
+    let staffTypingTimer = 0;
+    function showStaffTyping(name) {
+      staffTyping.textContent = `${name} is typing…`;
+      staffTyping.hidden = false;
+      clearTimeout(staffTypingTimer);
+      staffTypingTimer = setTimeout(hideStaffTyping, 7000);
+    }
+    function hideStaffTyping() {
+      clearTimeout(staffTypingTimer);
+      staffTyping.hidden = true;
+    }
+
     function addStaff(text) {
+      hideStaffTyping();
       const el = h("div", { class: "msg staff" }, [
         h("span", { class: "who", text: T.team }),
         h("span", { class: "sr-only", text: ": " }),
@@ -1133,6 +1204,101 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       });
     }
 
+    function sendFeedback(turn, rating, comment) {
+      const headers = { "Content-Type": "application/json" };
+      if (key) headers["X-Parley-Key"] = key;
+      const body = { session_id: sessionId, turn_id: turn, rating };
+      if (comment) body.comment = comment;
+      return fetch(FEEDBACK_ENDPOINT, {
+        method: "POST",
+        headers,
+        body: JSON.stringify(body),
+        credentials: "omit",
+        cache: "no-store",
+      }).then(
+        (response) => response.ok,
+        () => false,
+      );
+    }
+
+    /** Thumbs up / down under a finished answer; "down" offers a short comment box. The
+     * choice shows as pressed and can be changed; `item` is the answer's history entry. */
+    function addFeedback(msg, item) {
+      const turn = item.turn;
+      const note = h("p", { class: "feedback-note", role: "status", hidden: true });
+      const textarea = h("textarea", { id: `${ids.panel}-fb-${turn}`, rows: 2, maxlength: 500 });
+      const form = h("form", { class: "feedback-form", hidden: true }, [
+        h("label", { for: textarea.id, text: T.commentLabel }),
+        textarea,
+        h("button", { type: "submit", text: T.sendComment }),
+      ]);
+      const buttons = {};
+      function show(rating) {
+        for (const name of Object.keys(buttons)) {
+          buttons[name].setAttribute("aria-pressed", String(name === rating));
+        }
+      }
+      function say(text) {
+        note.textContent = text;
+        note.hidden = !text;
+      }
+      async function rate(rating, comment) {
+        const before = item.rating || null;
+        item.rating = rating;
+        show(rating);
+        keepingScroll(() => {
+          form.hidden = rating !== "down" || Boolean(comment);
+          say("");
+        });
+        const ok = await sendFeedback(turn, rating, comment);
+        keepingScroll(() => {
+          if (!ok) {
+            item.rating = before;
+            show(before);
+            form.hidden = true;
+            say(T.feedbackFailed);
+            return;
+          }
+          saveHistory();
+          if (rating === "up" || comment) say(T.thanks);
+        });
+        if (ok && rating === "down" && !comment) textarea.focus();
+      }
+      for (const [rating, label] of [
+        ["up", T.helpful],
+        ["down", T.notHelpful],
+      ]) {
+        buttons[rating] = h(
+          "button",
+          {
+            type: "button",
+            class: `thumb ${rating}`,
+            "aria-label": label,
+            title: label,
+            "aria-pressed": "false",
+            "data-rating": rating,
+            onclick: () => rate(rating, ""),
+          },
+          icon(rating),
+        );
+      }
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        const comment = textarea.value.trim();
+        if (comment) rate("down", comment);
+        else form.hidden = true;
+      });
+      const bar = h("div", { class: "feedback", role: "group", "aria-label": T.rate }, [
+        h("span", { class: "feedback-label", "aria-hidden": "true", text: T.rate }),
+        buttons.up,
+        buttons.down,
+        form,
+        note,
+      ]);
+      show(item.rating || null);
+      keepingScroll(() => msg.el.append(bar));
+    }
+
     function finish(msg, done) {
       if (done.mode === "staff") {
         // Staff have the conversation: the question waits for them, the bot says nothing.
@@ -1147,8 +1313,13 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       msg.el.setAttribute("data-state", "done");
       if (done.low_confidence) msg.el.classList.add("low-confidence");
       if (typeof done.mode === "string") msg.el.setAttribute("data-mode", done.mode);
-      history.push({ role: "bot", text: msg.text, sources: msg.sources });
+      const item = { role: "bot", text: msg.text, sources: msg.sources };
+      if (Number.isSafeInteger(done.turn_id) && done.turn_id > 0 && done.mode !== "handoff") {
+        item.turn = done.turn_id;
+      }
+      history.push(item);
       saveHistory();
+      if (item.turn) addFeedback(msg, item);
       if (done.mode === "handoff") setHandoff("waiting_for_staff");
       else syncListening();
     }
@@ -1398,6 +1569,10 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
           launcher.setAttribute("aria-label", `${T.open} (${T.unread})`);
         }
       });
+      source.addEventListener("typing", (event) => {
+        const d = data(event);
+        if (d && typeof d.staff === "string") showStaffTyping(d.staff.slice(0, 100));
+      });
       source.addEventListener("handoff", (event) => {
         const d = data(event);
         if (!d || !fresh(event)) return;
@@ -1466,6 +1641,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
           setSources(msg, item.sources);
           msg.text = String(item.text || "");
           renderAnswer(msg);
+          if (Number.isSafeInteger(item.turn) && item.turn > 0) addFeedback(msg, item);
         }
       }
     }

@@ -49,6 +49,9 @@ ADMIN_ONLY = {
     ("GET", r"/agents/{agent}/sources/{id:\d+}"),
     ("POST", r"/agents/{agent}/sources/{id:\d+}/reindex"),
     ("DELETE", r"/agents/{agent}/sources/{id:\d+}"),
+    ("GET", "/notifications"),
+    ("POST", "/agents/{agent}/customers/erase"),
+    ("GET", "/agents/{agent}/customers/export"),
 }
 
 
@@ -291,6 +294,9 @@ async def test_every_console_route_names_its_role_and_an_agent_is_held_to_it(
     assert admin_only == {
         ("GET", "/admin/inbox"),
         ("POST", "/admin/inbox/retry"),
+        ("GET", "/admin/agents/{agent}/privacy"),
+        ("GET", "/admin/agents/{agent}/privacy/export"),
+        ("POST", "/admin/agents/{agent}/privacy/erase"),
         ("GET", "/admin/agents/{agent}/settings"),
         ("POST", "/admin/agents/{agent}/settings"),
         ("POST", "/admin/agents/{agent}/settings/channels"),

@@ -513,7 +513,7 @@ async def test_the_console_says_the_window_closed_and_sends_a_chosen_template(si
     html = await site.page(path)
     assert "<strong>The customer last wrote 26 hours ago.</strong> WhatsApp (Twilio) only " in html
     assert "delivers approved templates now." in html
-    assert 'name="text"' not in html  # no free-text box that could only fail
+    assert 'id="reply-text"' not in html  # no free-text reply box that could only fail
     forms = re.findall(r'<form method="post" action="([^"]+)" class="template-form"', html)
     assert forms == [f"{path}/template"] * 2
     assert html.count("Value for {{1}}") == 1  # order_update takes two values; still_there none

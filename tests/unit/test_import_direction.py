@@ -35,7 +35,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
         "core.turns",
     ),
     ("core.cache", "core.llm", "core.store"),
-    ("core.handoff", "core.knowledge", "core.transcribe"),
+    ("core.handoff", "core.knowledge", "core.privacy", "core.transcribe"),
     ("core.retrieval",),
     ("core.memory",),
     ("core.answer",),

@@ -14,11 +14,26 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.admin.auth import current_staff
-from gateway.admin.console import agent, conversations, inbox, knowledge, sign_in
+from gateway.admin.console import (
+    agent,
+    conversations,
+    inbox,
+    inbox_work,
+    knowledge,
+    notifications,
+    privacy,
+    reports,
+    sign_in,
+)
 from gateway.admin.console.render import Route, refused, setup_templates
 
 STATIC = Path(__file__).resolve().parents[2] / "static"
-STATIC_FILES = {"admin.css": "text/css", "admin.js": "application/javascript"}
+STATIC_FILES = {
+    "admin.css": "text/css",
+    "admin.js": "application/javascript",
+    "notify.js": "application/javascript",
+    "inbox.js": "application/javascript",
+}
 
 
 def _static(name: str, content_type: str) -> web.RouteDef:
@@ -58,9 +73,13 @@ def pages() -> list[Route]:
     return [
         *sign_in.routes(),
         *conversations.routes(),
+        *inbox_work.routes(),
         *inbox.routes(),
         *agent.routes(),
         *knowledge.routes(),
+        *reports.routes(),
+        *notifications.routes(),
+        *privacy.routes(),
     ]
 
 

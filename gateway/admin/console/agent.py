@@ -21,6 +21,7 @@ from gateway.admin.api import (
     patch_agent,
     rotate_widget_key,
 )
+from gateway.admin.console.privacy import retention_line
 from gateway.admin.console.render import (
     Form,
     Route,
@@ -349,6 +350,7 @@ async def _settings_page(
         default_texts=TEXTS,
         timezones=sorted(available_timezones()),
         channel_forms=channel_forms(agent),
+        retention=retention_line(request.app[SETTINGS]),
         template_forms=template_forms(templates_sent if templates_sent is not None else agent),
         widget_snippet=(
             f'<script src="{origin}/widget.js" data-agent="{agent.slug}" '

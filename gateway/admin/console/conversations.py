@@ -13,16 +13,18 @@ from core.errors import InvalidInput, NotFound, ParleyError
 from core.handoff import elapsed
 from core.store.agents import Agent
 from core.store.handoff import LIVE_CHANNEL
-from core.store.transcripts import ConversationFilter, TurnTrace
+from core.store.transcripts import TurnTrace
 from gateway.admin.api import (
     Call,
     conversation_templates,
     hand_back,
+    list_conversations,
     path_id,
     send_template,
     staff_reply,
     take_over,
 )
+from gateway.admin.console.inbox_work import inbox_work_context
 from gateway.admin.console.render import (
     CHANNEL_NAMES,
     Route,
@@ -39,7 +41,10 @@ from gateway.admin.console.render import (
     validated,
     zone,
 )
+from gateway.admin.inbox_api import mark_read
 from gateway.admin.schemas import (
+    ConversationPageOut,
+    ConversationQuery,
     ConversationTemplatesOut,
     StaffMessageBody,
     TemplateOut,
@@ -97,20 +102,33 @@ async def conversation_list(request: web.Request) -> web.StreamResponse:
         "waiting": query.get("waiting") == "1",
         "from": query.get("from", ""),
         "to": query.get("to", ""),
+        "q": query.get("q", "").strip(),
+        "status": query.get("status", ""),
+        "view": query.get("view", ""),
+        "label": query.get("label", "").strip(),
     }
     local = zone(timezone)
-    result = await admin(request).transcripts.list(
-        ConversationFilter(
-            agent=slug or None,
-            channel=channel or None,
-            low_confidence=query.get("low_confidence") == "1",
-            waiting=query.get("waiting") == "1",
-            since=datetime.combine(first, time(), local) if first else None,
-            until=datetime.combine(last + timedelta(days=1), time(), local) if last else None,
-            cursor=query.get("cursor") or None,
-            limit=PAGE_SIZE,
-        )
+    wanted = validated(
+        ConversationQuery,
+        {
+            "agent": slug or None,
+            "channel": channel or None,
+            "low_confidence": filters["low_confidence"],
+            "waiting": filters["waiting"],
+            "since": datetime.combine(first, time(), local) if first else None,
+            "until": datetime.combine(last + timedelta(days=1), time(), local) if last else None,
+            "cursor": query.get("cursor") or None,
+            "limit": PAGE_SIZE,
+            "search": filters["q"] or None,
+            "inbox_status": filters["status"] or None,
+            "view": filters["view"] or "all",
+            "label": filters["label"] or None,
+        },
+        {"search": "Search", "inbox_status": "Status", "view": "View", "label": "Label"},
     )
+    # Read before the list, so a change while it is read shows at the next look.
+    version = await admin(request).inbox_work.watermark()
+    result = await run(list_conversations, request, ConversationPageOut, query=wanted)
     zones = {a.slug: a.timezone for a in agents}
     return await render(
         request,
@@ -119,6 +137,8 @@ async def conversation_list(request: web.Request) -> web.StreamResponse:
         agent=chosen,
         section="conversations",
         rows=result.items,
+        version=version,
+        labels=await admin(request).inbox_work.labels_in_use(),
         zones=zones,
         filters=filters,
         filter_zone=timezone,
@@ -159,6 +179,7 @@ async def _conversation_page(
 ) -> web.Response:
     detail = await admin(request).transcripts.get(_conversation_id(request))
     agent = await admin(request).agents.get(detail.conversation.agent)
+    work = await inbox_work_context(request)
     traces: dict[int, TurnTrace] = {t.id: t for t in detail.turns}
     channel = detail.conversation.channel
     templates = await run(conversation_templates, request, ConversationTemplatesOut)
@@ -188,12 +209,19 @@ async def _conversation_page(
         chosen=chosen,
         values=values,
         previews=_previews(templates.items, chosen, values),
+        **work,
     )
 
 
 @page
 async def conversation_page(request: web.Request) -> web.StreamResponse:
+    await mark_read(call(request))
     return await _conversation_page(request)
+
+
+async def show_with_error(request: web.Request, error: str, status: int) -> web.Response:
+    """The conversation page after a form failed, saying why."""
+    return await _conversation_page(request, error=error, status=status)
 
 
 @page

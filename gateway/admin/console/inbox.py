@@ -8,6 +8,7 @@ from aiohttp import web
 
 from core.errors import ParleyError
 from gateway.admin.api import list_inbox, retry_inbox
+from gateway.admin.console.notifications import recent_deliveries
 from gateway.admin.console.render import (
     Route,
     admin,
@@ -58,6 +59,7 @@ async def _inbox_page(
         retryable={m.id for m in listed.items if _retryable(m, now)},
         stuck_after=round(listed.stuck_after_seconds),
         zones={a.slug: a.timezone for a in agents},
+        deliveries=await recent_deliveries(request),
     )
 
 

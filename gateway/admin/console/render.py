@@ -63,6 +63,13 @@ NOTICES = {
     "channels-saved": "Channel credentials saved.",
     "widget-key-rotated": "New widget key made; update the script tag on your site.",
     "inbox-retried": "Taken up again; the answers follow as soon as they are made.",
+    "status-open": "Marked open.",
+    "status-pending": "Marked pending.",
+    "status-resolved": "Resolved; the conversation is back with the bot.",
+    "assigned": "Assignment changed.",
+    "labelled": "Labels changed.",
+    "noted": "Note added; only staff see it.",
+    "saved-reply-added": "Reply saved.",
 }
 
 # Each page sends these: the console shows conversations and settings, so no other site may
@@ -208,6 +215,7 @@ AGENT_SECTIONS = (
     Section("checks", "Answer checks", "agent"),
     Section("playground", "Playground", "agent"),
     Section("settings", "Settings"),
+    Section("privacy", "Privacy"),
 )
 
 
