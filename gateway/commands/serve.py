@@ -108,7 +108,7 @@ async def prepare_demo(settings: Settings) -> DemoSite:
             agent = await agents.create(
                 DEMO_AGENT,
                 embedder=EmbedderIdentity.of(runtime.embedder),
-                name="Noordkaap Outdoor (demo)",
+                name="Noordkaap Outdoor",  # listed as "Noordkaap Outdoor (demo)": the slug follows
                 language="en",
                 timezone="Europe/Amsterdam",
             )

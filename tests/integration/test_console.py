@@ -336,6 +336,12 @@ async def test_the_conversation_list_filters_and_pages(
     html = await console.page("/admin/conversations?agent=help")
     assert listed(html) == set()
     assert "No conversations match these filters." in html
+    assert "Dates are days in UTC.</p>" in html  # one agent: its zone, for dates and times
+    # Agents in different zones: the dates are UTC days, each row shows its agent's time.
+    html = await console.page("/admin/conversations?from=2000-01-01")
+    assert (
+        "Dates are days in UTC. Times in the list are each agent's own (Europe/Amsterdam, UTC).</p>"
+    ) in html
     html = await console.page("/admin/conversations?from=2000-01-01&to=2000-01-31")
     assert listed(html) == set()
     html = await console.page("/admin/conversations?from=2000-01-01")

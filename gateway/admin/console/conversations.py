@@ -142,6 +142,8 @@ async def conversation_list(request: web.Request) -> web.StreamResponse:
         zones=zones,
         filters=filters,
         filter_zone=timezone,
+        # Agents in different zones: the filter counts UTC days, each row its agent's time.
+        mixed_zones=chosen is None and len({a.timezone for a in agents}) > 1,
         channels=LISTED_CHANNELS,
         older=url_with(LIST, {**filters, "cursor": result.next_cursor})
         if result.next_cursor
