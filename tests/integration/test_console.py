@@ -146,6 +146,10 @@ async def test_pages_send_strangers_to_sign_in_and_forms_get_401(
     script = await client.get("/admin/static/admin.js")
     assert script.status == 200
     assert script.content_type == "application/javascript"
+    # Revalidated, not downloaded again, while the release is the same.
+    etag = script.headers["ETag"]
+    again = await client.get("/admin/static/admin.js", headers={"If-None-Match": etag})
+    assert (again.status, await again.read()) == (304, b"")
 
 
 async def test_sign_in_with_the_admin_token_sets_a_strict_http_only_cookie(

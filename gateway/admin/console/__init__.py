@@ -9,6 +9,8 @@ agent may not use is a 403 page, whichever URL reached it.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from pathlib import Path
 
 from aiohttp import web
@@ -40,15 +42,19 @@ def _static(name: str, content_type: str) -> web.RouteDef:
     path = STATIC / name
 
     async def serve(request: web.Request) -> web.StreamResponse:
-        # Revalidated on every use (ETag / Last-Modified), so a new release shows at once.
-        return web.FileResponse(
-            path,
-            headers={
-                "Cache-Control": "no-cache",
-                "Content-Type": content_type,
-                "X-Content-Type-Options": "nosniff",
-            },
-        )
+        # Read whole (a few kB) rather than streamed from an open file, which a browser that
+        # goes away mid-answer would leave open. Revalidated on every use by its ETag, so a
+        # new release shows at once.
+        body = await asyncio.to_thread(path.read_bytes)
+        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        headers = {
+            "Cache-Control": "no-cache",
+            "ETag": etag,
+            "X-Content-Type-Options": "nosniff",
+        }
+        if etag in request.headers.get("If-None-Match", ""):
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=body, headers=headers | {"Content-Type": content_type})
 
     return web.get(f"/admin/static/{name}", serve)
 
