@@ -1,4 +1,4 @@
--- A visitor's thumbs up / thumbs down on one answer (issue 15). One rating per turn: a later
+-- A visitor's thumbs up / thumbs down on one answer. One rating per turn: a later
 -- one replaces it. A thumbs-down is also a content gap (reason 'thumbs_down'), so staff see
 -- it where they already look; taking it back (thumbs up) withdraws that gap while it is open.
 CREATE TABLE feedback (
