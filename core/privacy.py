@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from core.store.privacy import AuditEntry, Erasure, ExportedConversation, Privacy
+from core.store.privacy import Customer, Erasure, Privacy
 
 log = logging.getLogger(__name__)
 
@@ -28,44 +28,20 @@ class CustomerData:
     def __init__(self, privacy: Privacy, memory: Forgetful) -> None:
         self._privacy = privacy
         self._memory = memory
+        # Exporting and reading the audit touch Postgres alone: the store's own, as they are.
+        self.export = privacy.export
+        self.audit = privacy.audit
 
-    async def erase(
-        self, *, agent_id: int, agent: str, channel: str, customer_id: str, staff: str
-    ) -> Erasure:
-        erasure = await self._privacy.erase(
-            agent_id=agent_id, agent=agent, channel=channel, customer_id=customer_id, staff=staff
-        )
+    async def erase(self, customer: Customer, *, staff: str) -> Erasure:
+        erasure = await self._privacy.erase(customer, staff=staff)
         for conversation_id in erasure.conversation_ids:
             await self._memory.forget(conversation_id)
         # The hash, never the id: the log says a request was done, not whose.
         log.info(
             "privacy.erased agent=%s channel=%s customer=%s rows=%d",
-            agent,
-            channel,
+            customer.agent,
+            customer.channel,
             erasure.customer_hash[:12],
             erasure.erased.total,
         )
         return erasure
-
-    async def export(
-        self,
-        *,
-        agent_id: int,
-        agent: str,
-        channel: str,
-        customer_id: str,
-        staff: str,
-        traces: bool = False,
-    ) -> list[ExportedConversation]:
-        return await self._privacy.export(
-            agent_id=agent_id,
-            agent=agent,
-            channel=channel,
-            customer_id=customer_id,
-            staff=staff,
-            traces=traces,
-        )
-
-    async def audit(self, agent: str, *, limit: int = 50) -> list[AuditEntry]:
-        """The agent's privacy requests, newest first: who, when, what was removed."""
-        return await self._privacy.audit(agent, limit=limit)

@@ -91,9 +91,14 @@ class AuditEntry:
     created_at: datetime | None = None
 
 
-# What a feedback row (migration 0013, written by its own feature) may point at; the
-# erasure deletes by whichever of these columns the table has.
-_FEEDBACK_LINKS = ("conversation_id", "turn_id", "message_id")
+@dataclass(frozen=True, slots=True)
+class Customer:
+    """One customer of one agent on one channel: the channel's own id of them."""
+
+    agent_id: int
+    agent: str  # the agent's slug, as the audit log records it
+    channel: str
+    id: str
 
 
 def _count(status: str) -> int:
@@ -104,9 +109,7 @@ class Privacy:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def erase(
-        self, *, agent_id: int, agent: str, channel: str, customer_id: str, staff: str
-    ) -> Erasure:
+    async def erase(self, customer: Customer, *, staff: str) -> Erasure:
         """Delete everything of one customer of one agent on one channel, in one transaction
         that also writes the audit row: either all of it is gone and recorded, or nothing."""
         async with self._pool.acquire() as conn, conn.transaction():
@@ -116,21 +119,15 @@ class Privacy:
                     """SELECT id FROM conversations
                         WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3
                         ORDER BY id FOR UPDATE""",
-                    agent_id,
-                    channel,
-                    customer_id,
+                    customer.agent_id,
+                    customer.channel,
+                    customer.id,
                 )
             ]
             turn_ids: list[int] = [
                 r["id"]
                 for r in await conn.fetch(
                     "SELECT id FROM turns WHERE conversation_id = ANY($1::bigint[])", ids
-                )
-            ]
-            message_ids: list[int] = [
-                r["id"]
-                for r in await conn.fetch(
-                    "SELECT id FROM messages WHERE conversation_id = ANY($1::bigint[])", ids
                 )
             ]
             # A gap quotes the customer's question: by its turn, or, when the turn is gone
@@ -144,29 +141,33 @@ class Privacy:
                                  WHERE conversation_id = ANY($3::bigint[])
                                    AND role = 'visitor'))""",
                     turn_ids,
-                    agent_id,
+                    customer.agent_id,
                     ids,
                 )
             )
-            feedback = await _erase_feedback(conn, ids, turn_ids, message_ids)
+            feedback = _count(
+                await conn.execute(
+                    "DELETE FROM feedback WHERE conversation_id = ANY($1::bigint[])", ids
+                )
+            )
             outbox = _count(
                 await conn.execute(
                     """DELETE FROM outbox
                         WHERE agent_id = $1 AND channel = $2
                           AND (conversation_id = ANY($3::bigint[]) OR recipient = $4)""",
-                    agent_id,
-                    channel,
+                    customer.agent_id,
+                    customer.channel,
                     ids,
-                    customer_id,
+                    customer.id,
                 )
             )
             inbox = _count(
                 await conn.execute(
                     """DELETE FROM inbox
                         WHERE agent_id = $1 AND channel = $2 AND conversation_key = $3""",
-                    agent_id,
-                    channel,
-                    customer_id,
+                    customer.agent_id,
+                    customer.channel,
+                    customer.id,
                 )
             )
             summaries = _count(
@@ -198,20 +199,11 @@ class Privacy:
                 inbox=inbox,
                 outbox=outbox,
             )
-            key = await conn.fetchval("SELECT key FROM privacy_key")
-            hashed = _keyed(bytes(key), channel, customer_id)
-            await _audit(conn, "erase", staff, agent, channel, hashed, asdict(erased))
+            hashed = await _audit(conn, "erase", staff, customer, asdict(erased))
         return Erasure(erased=erased, conversation_ids=tuple(ids), customer_hash=hashed)
 
     async def export(
-        self,
-        *,
-        agent_id: int,
-        agent: str,
-        channel: str,
-        customer_id: str,
-        staff: str,
-        traces: bool = False,
+        self, customer: Customer, *, staff: str, traces: bool = False
     ) -> list[ExportedConversation]:
         """The customer's conversations with the agent on the channel, oldest first: the
         messages with who wrote them and when, the summary and the status; the turns'
@@ -224,9 +216,9 @@ class Privacy:
                      LEFT JOIN summaries s ON s.conversation_id = c.id
                     WHERE c.agent_id = $1 AND c.channel = $2 AND c.conversation_key = $3
                     ORDER BY c.id""",
-                agent_id,
-                channel,
-                customer_id,
+                customer.agent_id,
+                customer.channel,
+                customer.id,
             )
             ids = [r["id"] for r in rows]
             messages: dict[int, list[ExportedMessage]] = {i: [] for i in ids}
@@ -257,20 +249,11 @@ class Privacy:
                             created_at=t["created_at"],
                         )
                     )
-            key = await conn.fetchval("SELECT key FROM privacy_key")
             counts = {
                 "conversations": len(ids),
                 "messages": sum(len(v) for v in messages.values()),
             }
-            await _audit(
-                conn,
-                "export",
-                staff,
-                agent,
-                channel,
-                _keyed(bytes(key), channel, customer_id),
-                counts,
-            )
+            await _audit(conn, "export", staff, customer, counts)
         return [
             ExportedConversation(
                 id=r["id"],
@@ -310,50 +293,22 @@ class Privacy:
         ]
 
 
-def _keyed(key: bytes, channel: str, customer_id: str) -> str:
-    return hmac.new(key, f"{channel}\x00{customer_id}".encode(), hashlib.sha256).hexdigest()
-
-
-async def _erase_feedback(
-    conn: Connection, ids: list[int], turn_ids: list[int], message_ids: list[int]
-) -> int:
-    """Feedback rows of these conversations, when the feedback table exists at all."""
-    if await conn.fetchval("SELECT to_regclass('feedback')") is None:
-        return 0
-    columns = {
-        r["column_name"]
-        for r in await conn.fetch(
-            """SELECT column_name FROM information_schema.columns
-                WHERE table_schema = current_schema() AND table_name = 'feedback'"""
-        )
-    }
-    values = dict(zip(_FEEDBACK_LINKS, (ids, turn_ids, message_ids), strict=True))
-    linked = [column for column in _FEEDBACK_LINKS if column in columns]
-    if not linked:
-        return 0
-    # Only the fixed column names above are joined in: no name from the database is quoted.
-    where = " OR ".join(f"{c} = ANY(${n}::bigint[])" for n, c in enumerate(linked, start=1))
-    return _count(
-        await conn.execute(f"DELETE FROM feedback WHERE {where}", *(values[c] for c in linked))
-    )
-
-
 async def _audit(
-    conn: Connection,
-    action: Action,
-    staff: str,
-    agent: str,
-    channel: str,
-    customer_hash: str,
-    counts: dict[str, int],
-) -> None:
+    conn: Connection, action: Action, staff: str, customer: Customer, counts: dict[str, int]
+) -> str:
+    """Record the request by a keyed hash of the customer, never their id; returns the hash."""
+    key = bytes(await conn.fetchval("SELECT key FROM privacy_key"))
+    customer_hash = hmac.new(
+        key, f"{customer.channel}\x00{customer.id}".encode(), hashlib.sha256
+    ).hexdigest()
     await conn.execute(
         """INSERT INTO privacy_audit (action, staff, agent, channel, customer_hash, counts)
            VALUES ($1, $2, $3, $4, $5, $6)""",
         action,
         staff,
-        agent,
-        channel,
+        customer.agent,
+        customer.channel,
         customer_hash,
         counts,  # the pool's codec writes it as JSON
     )
+    return customer_hash

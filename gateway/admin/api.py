@@ -32,6 +32,7 @@ from core.knowledge.sources import SourceSpec
 from core.llm.limits import validate_llm_limits
 from core.store.agents import Agent
 from core.store.database import MAX_ID
+from core.store.privacy import Customer
 from core.store.reports import Figures, period_bounds
 from core.store.staff import Role
 from core.store.transcripts import ConversationFilter
@@ -66,6 +67,12 @@ class Call:
 
     async def agent(self) -> Agent:
         return await self.admin.agents.get(self.request.match_info["agent"])
+
+    async def conversation(self) -> int:
+        """The path's conversation id, once it is known to exist (else 404)."""
+        conversation_id = self.id()
+        await self.admin.transcripts.row(conversation_id)
+        return conversation_id
 
     def on_response(self, change: Callable[[web.StreamResponse], None]) -> None:
         """Adjust the response once it exists (cookies)."""
@@ -499,8 +506,7 @@ async def _templates(call: Call, conversation_id: int) -> tuple[str, list[Templa
     role="agent",
 )
 async def take_over(call: Call) -> s.ConversationOut:
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     await call.admin.handoff.take_over(conversation_id, call.staff.label)
     return s.ConversationOut.model_validate(await call.admin.transcripts.row(conversation_id))
 
@@ -514,8 +520,7 @@ async def take_over(call: Call) -> s.ConversationOut:
     role="agent",
 )
 async def hand_back(call: Call) -> s.ConversationOut:
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     await call.admin.handoff.hand_back(conversation_id)
     return s.ConversationOut.model_validate(await call.admin.transcripts.row(conversation_id))
 
@@ -532,8 +537,7 @@ async def hand_back(call: Call) -> s.ConversationOut:
 )
 async def staff_reply(call: Call) -> s.StaffMessageOut:
     body: s.StaffMessageBody = call.body
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     message_id = await call.admin.handoff.reply(conversation_id, body.text, call.staff.label)
     return s.StaffMessageOut(message_id=message_id)
 
@@ -708,13 +712,8 @@ async def list_notifications(call: Call) -> s.NotificationList:
 async def erase_customer(call: Call) -> s.CustomerErasureOut:
     body: s.CustomerEraseBody = call.body
     agent = await call.agent()
-    erasure = await call.admin.customers.erase(
-        agent_id=agent.id,
-        agent=agent.slug,
-        channel=body.channel,
-        customer_id=body.id,
-        staff=call.staff.label,
-    )
+    customer = Customer(agent.id, agent.slug, body.channel, body.id)
+    erasure = await call.admin.customers.erase(customer, staff=call.staff.label)
     return s.CustomerErasureOut(
         agent=agent.slug,
         channel=body.channel,
@@ -735,13 +734,9 @@ async def erase_customer(call: Call) -> s.CustomerErasureOut:
 async def export_customer(call: Call) -> s.CustomerExportOut:
     query: s.CustomerExportQuery = call.query
     agent = await call.agent()
+    customer = Customer(agent.id, agent.slug, query.channel, query.id)
     conversations = await call.admin.customers.export(
-        agent_id=agent.id,
-        agent=agent.slug,
-        channel=query.channel,
-        customer_id=query.id,
-        staff=call.staff.label,
-        traces=query.traces,
+        customer, staff=call.staff.label, traces=query.traces
     )
     return s.CustomerExportOut(
         agent=agent.slug,

@@ -141,8 +141,7 @@ async def conversation_changes(call: Call) -> ChangesOut:
     role="agent",
 )
 async def mark_read(call: Call) -> None:
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     await call.admin.inbox_work.mark_read(conversation_id, call.staff.label)
 
 
@@ -157,8 +156,7 @@ async def mark_read(call: Call) -> None:
 )
 async def set_status(call: Call) -> s.ConversationOut:
     body: StatusBody = call.body
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     if body.status == "resolved":
         await call.admin.handoff.hand_back(conversation_id)
     await call.admin.inbox_work.set_status(conversation_id, body.status)
@@ -176,8 +174,7 @@ async def set_status(call: Call) -> s.ConversationOut:
 )
 async def assign(call: Call) -> s.ConversationOut:
     body: AssignBody = call.body
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     await call.admin.inbox_work.assign(conversation_id, body.staff_id)
     return await _row(call, conversation_id)
 
@@ -215,8 +212,7 @@ async def labels(call: Call) -> LabelsOut:
 )
 async def add_label(call: Call) -> s.ConversationOut:
     body: LabelBody = call.body
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     await call.admin.inbox_work.add_label(conversation_id, body.label)
     return await _row(call, conversation_id)
 
@@ -232,8 +228,7 @@ async def add_label(call: Call) -> s.ConversationOut:
 )
 async def remove_label(call: Call) -> s.ConversationOut:
     query: LabelQuery = call.query
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     await call.admin.inbox_work.remove_label(conversation_id, query.label)
     return await _row(call, conversation_id)
 
@@ -247,8 +242,7 @@ async def remove_label(call: Call) -> s.ConversationOut:
     role="agent",
 )
 async def list_notes(call: Call) -> NoteList:
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     notes = await call.admin.inbox_work.notes(conversation_id)
     return NoteList.model_validate({"items": notes})
 
@@ -265,8 +259,7 @@ async def list_notes(call: Call) -> NoteList:
 )
 async def add_note(call: Call) -> NoteOut:
     body: NoteBody = call.body
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     note = await call.admin.inbox_work.add_note(conversation_id, body.text, call.staff.label)
     return NoteOut.model_validate(note)
 
@@ -280,8 +273,7 @@ async def add_note(call: Call) -> NoteOut:
     role="agent",
 )
 async def staff_typing(call: Call) -> None:
-    conversation_id = call.id()
-    await call.admin.transcripts.row(conversation_id)
+    conversation_id = await call.conversation()
     await call.admin.inbox_work.typing(conversation_id, call.staff.name)
 
 

@@ -18,7 +18,7 @@ from core.privacy import CustomerData
 from core.settings import Settings
 from core.store import open_database
 from core.store.agents import Agents
-from core.store.privacy import Privacy
+from core.store.privacy import Customer, Privacy
 from gateway.admin.schemas import CustomerExportOut, ExportedConversationOut
 
 
@@ -78,14 +78,9 @@ async def _run(
     agent = await Agents(pool).get(args.agent)
     # The memory is forgotten in the cache this process shares with the gateway (Redis).
     customers = CustomerData(Privacy(pool), build_memory(settings, pool, cache, None))
+    customer = Customer(agent.id, agent.slug, args.channel, args.customer)
     if args.action == "erase":
-        erasure = await customers.erase(
-            agent_id=agent.id,
-            agent=agent.slug,
-            channel=args.channel,
-            customer_id=args.customer,
-            staff=_who(),
-        )
+        erasure = await customers.erase(customer, staff=_who())
         counts = asdict(erasure.erased)
         if erasure.erased.total == 0:
             print(f"nothing of that customer on {args.channel} for agent {agent.slug}")
@@ -94,14 +89,7 @@ async def _run(
             print(f"erased: {removed}")
         print(f"audit: customer {erasure.customer_hash[:12]} (keyed hash)")
         return
-    conversations = await customers.export(
-        agent_id=agent.id,
-        agent=agent.slug,
-        channel=args.channel,
-        customer_id=args.customer,
-        staff=_who(),
-        traces=args.traces,
-    )
+    conversations = await customers.export(customer, staff=_who(), traces=args.traces)
     exported = CustomerExportOut(
         agent=agent.slug,
         channel=args.channel,
