@@ -117,6 +117,12 @@ class Channel(Protocol):
     def customer_window_hours(self) -> float | None: ...
 
     @property
+    def buttons(self) -> bool:
+        """Whether a message may carry buttons the customer answers with (its sender is
+        then a `core.delivery.ChoiceSender`)."""
+        ...
+
+    @property
     def template_id(self) -> TemplateIdField | None:
         """The form of a template's provider id (None: the channel sends no templates)."""
         ...
@@ -162,6 +168,7 @@ class ChannelBase:
     limit: int
     writing_rule: str
     customer_window_hours: float | None = None
+    buttons: bool = False
     template_id: TemplateIdField | None = None
     webhooks: Sequence[WebhookDoc] = ()
 

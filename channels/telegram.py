@@ -25,7 +25,7 @@ from channels.credentials import ChannelNotConfigured, CredentialField, Credenti
 from channels.inbound import find_agent, read_json, validated
 from channels.telegram_send import TelegramSender
 from core.errors import Forbidden, InvalidInput
-from core.inbound import InboundMessage, MediaItem, MediaKind
+from core.inbound import FeedbackAnswer, InboundMessage, MediaItem, MediaKind
 from core.settings import Settings
 from core.store.agents import Agent
 from core.store.inbox import Inbox
@@ -83,11 +83,23 @@ class TelegramMessage(_Shape):
     document: dict[str, Any] | None = None
 
 
+class TelegramCallbackQuery(_Shape):
+    """A press of a button under one of the bot's messages. ``message`` is that message (its
+    chat is where the press came from); ``data`` is what the button was sent with."""
+
+    id: Annotated[StrictStr, Field(max_length=256)]
+    sender: TelegramUser = Field(alias="from")
+    message: TelegramMessage | None = None
+    data: Annotated[StrictStr, Field(max_length=256)] | None = None
+
+
 class TelegramUpdate(_Shape):
-    """One Update; only ``message`` is answered, every other kind is acknowledged unread."""
+    """One Update; ``message`` is answered and a feedback button's ``callback_query`` is
+    recorded, every other kind is acknowledged unread."""
 
     update_id: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
     message: TelegramMessage | None = None
+    callback_query: TelegramCallbackQuery | None = None
 
 
 def _kind(data: dict[str, Any]) -> str:
@@ -95,19 +107,22 @@ def _kind(data: dict[str, Any]) -> str:
     return next((key for key in data if key != "update_id"), "empty")
 
 
-def _classify(update: TelegramUpdate, data: dict[str, Any]) -> tuple[TelegramMessage | None, str]:
+def _classify(update: TelegramUpdate, data: dict[str, Any]) -> tuple[InboundMessage | None, str]:
     """(the message to store or None, its kind for the log)."""
+    if update.callback_query is not None:
+        return parse_press(update.update_id, update.callback_query), "callback_query"
     message = update.message
     if message is None:
         return None, _kind(data)
     if message.text:
-        return message, "command" if message.text.startswith("/") else "text"
+        kind = "command" if message.text.startswith("/") else "text"
+        return parse_message(update.update_id, message), kind
     media = next((name for name in _MEDIA if getattr(message, name)), None)
     if media is None:
         return None, "service"  # joins, leaves, pins, title changes, ...
     if message.chat.type != ChatType.PRIVATE:
         return None, f"group_{media}"
-    return message, media
+    return parse_message(update.update_id, message), media
 
 
 # The attachment kinds, as `core.inbound` names them.
@@ -163,6 +178,27 @@ def parse_message(update_id: int, message: TelegramMessage) -> InboundMessage:
     )
 
 
+def parse_press(update_id: int, query: TelegramCallbackQuery) -> InboundMessage | None:
+    """A press of a feedback button as every channel gives it; None for any other button,
+    or one under a message Telegram no longer shows (its chat is not known then)."""
+    answer = FeedbackAnswer.parse(query.data or "", receipt=query.id)
+    if answer is None or query.message is None:
+        return None
+    sender = query.sender
+    name = " ".join(p for p in (sender.first_name, sender.last_name) if p).strip() or None
+    return InboundMessage(
+        # The chat the bot's message is in, as Telegram says: the data names only a turn,
+        # which is rated only if it belongs to this chat's conversation.
+        customer_id=str(query.message.chat.id),
+        provider_message_id=str(update_id),
+        display_name=name,
+        handle=sender.username,
+        language_hint=sender.language_code,
+        feedback=answer,
+        extra={"message_id": query.message.message_id},
+    )
+
+
 def _is_start(text: str) -> bool:
     command = text.split(maxsplit=1)[0] if text.strip() else ""
     return command == "/start" or command.startswith("/start@")
@@ -189,7 +225,7 @@ async def store_update(inbox: Inbox, agent: Agent, data: dict[str, Any]) -> Hand
     message, kind = _classify(update, data)
     if message is None:
         return Handled("ignored", update.update_id, kind)
-    added = await inbox.add(agent.id, CHANNEL, parse_message(update.update_id, message), data)
+    added = await inbox.add(agent.id, CHANNEL, message, data)
     return Handled("stored" if added else "duplicate", update.update_id, kind)
 
 
@@ -219,6 +255,7 @@ class TelegramBot(ChannelBase):
         ),
     )
     limit = TelegramSender.limit
+    buttons = True  # the feedback prompt's 👍 / 👎 (an inline keyboard)
     writing_rule = (
         "You are writing a Telegram message: plain sentences and short paragraphs, "
         "no Markdown tables."

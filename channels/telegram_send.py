@@ -7,11 +7,11 @@ import datetime as dt
 import logging
 import mimetypes
 import warnings
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 import httpx
-from telegram import Bot
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import (
     BadRequest,
@@ -28,7 +28,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from channels.citations import telegram_html
 from channels.delivery import keep_typing
-from core.delivery import DeliveryError, Sent, too_long
+from core.delivery import Choice, DeliveryError, Sent, too_long
 from core.errors import MediaUnavailable
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,27 @@ class TelegramSender:
         bot = await self.start()
         return await self._send_part(bot, recipient, text)
 
+    async def send_choices(
+        self, recipient: str | int, text: str, choices: Sequence[Choice]
+    ) -> Sent:
+        """Send one part with ``choices`` as inline buttons under it, side by side."""
+        if len(text) > self.limit:
+            raise too_long(text, self.limit)
+        keyboard = InlineKeyboardMarkup(
+            [[InlineKeyboardButton(c.label, callback_data=c.data) for c in choices]]
+        )
+        bot = await self.start()
+        return await self._send_part(bot, recipient, text, keyboard)
+
+    async def acknowledge(self, receipt: str) -> None:
+        """Answer a button press (``answerCallbackQuery``), so the customer's app stops
+        showing it as pending. A courtesy: failures are logged, never raised."""
+        try:
+            bot = await self.start()
+            await self._checked(bot.answer_callback_query(receipt), within=TYPING_TIMEOUT)
+        except DeliveryError as exc:
+            log.warning("telegram.acknowledge.failed code=%s", exc.code)
+
     async def download(self, file_id: str, *, max_bytes: int, within: float) -> tuple[bytes, str]:
         """A file a customer sent (``getFile``, then the file), with its content type; a
         `core.media.MediaUnavailable` when it is larger than ``max_bytes`` or too slow."""
@@ -176,10 +197,18 @@ class TelegramSender:
         """Show "typing..." until ``until`` is set (while an answer is being generated)."""
         await keep_typing(lambda: self.typing(chat_id), until, interval=self._typing_interval)
 
-    async def _send_part(self, bot: Bot, chat_id: str | int, text: str) -> Sent:
+    async def _send_part(
+        self,
+        bot: Bot,
+        chat_id: str | int,
+        text: str,
+        keyboard: InlineKeyboardMarkup | None = None,
+    ) -> Sent:
         try:
             message = await self._timed(
-                bot.send_message(chat_id, telegram_html(text), parse_mode=ParseMode.HTML)
+                bot.send_message(
+                    chat_id, telegram_html(text), parse_mode=ParseMode.HTML, reply_markup=keyboard
+                )
             )
         except BadRequest as exc:
             if "can't parse entities" not in exc.message.lower():
@@ -187,7 +216,7 @@ class TelegramSender:
             # Escaped text should always parse; if Telegram still refuses it, plain text
             # loses only the formatting (sources keep their URLs), never the answer.
             log.info("telegram.send.plain_fallback")
-            message = await self._checked(bot.send_message(chat_id, text))
+            message = await self._checked(bot.send_message(chat_id, text, reply_markup=keyboard))
         except (TelegramError, TimeoutError) as exc:
             raise self._classify(exc) from None
         return Sent(str(message.message_id))

@@ -96,6 +96,15 @@ class Template:
         return text
 
 
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A button under a message (Telegram's inline keyboard): ``label`` is what the customer
+    sees, ``data`` what comes back when they press it (at most 64 bytes)."""
+
+    label: str
+    data: str
+
+
 class Sender(Protocol):
     """Sends parts on one channel with one account (`channels.*` implement it)."""
 
@@ -136,6 +145,21 @@ class TemplateSender(Protocol):
     async def send_template(
         self, recipient: str, template: Template, values: Sequence[str]
     ) -> Sent: ...
+
+
+@runtime_checkable
+class ChoiceSender(Protocol):
+    """A sender that can put buttons under a message, and acknowledge a press of one (where
+    the channel says `ChannelRules.buttons`)."""
+
+    async def send_choices(self, recipient: str, text: str, choices: Sequence[Choice]) -> Sent:
+        """Send one part with ``choices`` as buttons under it; raises `DeliveryError`."""
+        ...
+
+    async def acknowledge(self, receipt: str) -> None:
+        """Tell the customer's app a press was received (``receipt``: the channel's id of the
+        press, `core.inbound.FeedbackAnswer.receipt`). Failures are logged, never raised."""
+        ...
 
 
 class SenderDirectory(Protocol):
@@ -186,6 +210,12 @@ class ChannelRules(Protocol):
     @property
     def customer_window_hours(self) -> float | None:
         """None: replies may be sent at any time (Telegram)."""
+        ...
+
+    @property
+    def buttons(self) -> bool:
+        """True: a message may carry buttons the customer answers with (`Choice`, sent by a
+        `ChoiceSender`); False: the customer answers in words."""
         ...
 
     def reply_parts(

@@ -7,6 +7,7 @@ past the channel reads a provider's payload again.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -24,13 +25,59 @@ class MediaItem:
     mime_type: str | None = None
 
 
+Rating = Literal["up", "down"]
+# What a feedback button sends back: its turn and rating, well within the 64 bytes Telegram
+# allows a button's data (``fb:`` and a bigint are at most 27 characters).
+_FEEDBACK_DATA = re.compile(r"fb:([1-9][0-9]{0,18}):(up|down)")
+_MAX_ID = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackAnswer:
+    """A customer's rating of one answer, given by pressing a button under "Did this answer
+    your question?" (`core.delivery.Choice`). ``receipt`` is the channel's id of the press,
+    by which it is acknowledged (Telegram's callback query id).
+
+    Only the customer's conversation vouches for it: the turn named here is rated only when
+    it belongs to the conversation the press came from (`core.store.feedback.Feedback`).
+    """
+
+    turn_id: int
+    rating: Rating
+    receipt: str | None = None
+
+    @property
+    def data(self) -> str:
+        """What the button sends back when pressed."""
+        return f"fb:{self.turn_id}:{self.rating}"
+
+    @classmethod
+    def parse(cls, data: str, receipt: str | None = None) -> FeedbackAnswer | None:
+        """The answer a button's ``data`` stands for; None when it is not one of ours."""
+        found = _FEEDBACK_DATA.fullmatch(data)
+        if found is None or int(found[1]) > _MAX_ID:
+            return None
+        rating: Rating = "up" if found[2] == "up" else "down"
+        return cls(int(found[1]), rating, receipt)
+
+    @classmethod
+    def from_json(cls, data: Any) -> FeedbackAnswer | None:
+        if not isinstance(data, Mapping):
+            return None
+        turn_id, rating, receipt = data.get("turn_id"), data.get("rating"), data.get("receipt")
+        if type(turn_id) is not int or rating not in ("up", "down"):
+            return None
+        return cls(turn_id, "up" if rating == "up" else "down", str(receipt) if receipt else None)
+
+
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
     """A customer's message as every channel gives it.
 
     ``customer_id`` is the conversation key (the WhatsApp number, the Telegram chat id);
     ``text`` is what they typed, or the caption of their media ('' for neither);
-    ``command`` is a channel command the bot answers with a fixed reply (``start``).
+    ``command`` is a channel command the bot answers with a fixed reply (``start``);
+    ``feedback`` is a press of a feedback button (no text then).
     """
 
     customer_id: str
@@ -41,6 +88,7 @@ class InboundMessage:
     language_hint: str | None = None
     media: tuple[MediaItem, ...] = ()
     command: str | None = None
+    feedback: FeedbackAnswer | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -69,6 +117,7 @@ class InboundMessage:
             language_hint=data.get("language_hint"),
             media=media,
             command=data.get("command"),
+            feedback=FeedbackAnswer.from_json(data.get("feedback")),
             extra=dict(data.get("extra") or {}),
         )
 

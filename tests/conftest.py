@@ -28,7 +28,9 @@ from tests.support.services import (
     with_database,
 )
 
-TEMPLATE = "parley_template"
+# One template per test process: with `pytest -n`, workers sharing PARLEY_DATABASE_URL's server
+# each build their own.
+TEMPLATE = f"parley_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 # The key every test's settings seal agents' channel secrets under (PARLEY_SECRETS_KEY).
 SECRETS_KEY = "CiWjOeR0aBjGSrDoxiW0KDyDGdk2u-hbgNDKRUJqUCE="
 

@@ -83,6 +83,48 @@ _PHRASES: _Table = MappingProxyType(
             "es": "Lo siento, solo puedo leer texto. ¿Puedes escribir tu pregunta?",
             "it": "Mi dispiace, posso leggere solo testo. Puoi scrivere la tua domanda?",
         },
+        # Asked once staff resolved a messaging conversation (`core.feedback`): with buttons
+        # (Telegram), or answered in words (WhatsApp).
+        "feedback_question": {
+            "en": "Did this answer your question?",
+            "nl": "Heeft dit je vraag beantwoord?",
+            "de": "Hat das deine Frage beantwortet?",
+            "fr": "Cela a-t-il répondu à votre question ?",
+            "es": "¿Ha respondido esto a tu pregunta?",
+            "it": "Questo ha risposto alla tua domanda?",
+        },
+        "feedback_question_reply": {
+            "en": "Did this answer your question? Reply 1 for yes, 2 for no.",
+            "nl": "Heeft dit je vraag beantwoord? Antwoord 1 voor ja, 2 voor nee.",
+            "de": "Hat das deine Frage beantwortet? Antworte 1 für ja, 2 für nein.",
+            "fr": "Cela a-t-il répondu à votre question ? Répondez 1 pour oui, 2 pour non.",
+            "es": "¿Ha respondido esto a tu pregunta? Responde 1 para sí, 2 para no.",
+            "it": "Questo ha risposto alla tua domanda? Rispondi 1 per sì, 2 per no.",
+        },
+        "feedback_yes": {
+            "en": "👍 Yes",
+            "nl": "👍 Ja",
+            "de": "👍 Ja",
+            "fr": "👍 Oui",
+            "es": "👍 Sí",
+            "it": "👍 Sì",
+        },
+        "feedback_no": {
+            "en": "👎 No",
+            "nl": "👎 Nee",
+            "de": "👎 Nein",
+            "fr": "👎 Non",
+            "es": "👎 No",
+            "it": "👎 No",
+        },
+        "feedback_thanks": {
+            "en": "Thanks for your feedback!",
+            "nl": "Bedankt voor je feedback!",
+            "de": "Danke für dein Feedback!",
+            "fr": "Merci pour votre retour !",
+            "es": "¡Gracias por tu opinión!",
+            "it": "Grazie per il tuo feedback!",
+        },
     }
 )
 

@@ -31,7 +31,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 import asyncpg
@@ -41,15 +41,18 @@ import redis.exceptions
 from core.answer.phrases import phrase
 from core.answer.pipeline import AnswerPipeline, SourceRef
 from core.answer.question import guess_language
-from core.delivery import Channels, Senders, TypingSender, sender_of
+from core.delivery import Channels, ChoiceSender, Senders, TypingSender, sender_of
 from core.errors import MediaUnavailable, ModelFailed, ParleyError, Unavailable
+from core.feedback import FeedbackReplies, Taken
 from core.inbound import InboundMessage, MediaItem
 from core.llm.limits import ModelLimits
 from core.locale import detect_language
 from core.memory import ConversationMemory
 from core.slots import Slot, WorkSlots, working_in
-from core.store.agents import Agents
+from core.store.agents import Agent, Agents
 from core.store.conversations import Conversations, TurnRecord, discard_turn, reply_message_id
+from core.store.feedback_prompts import FeedbackPrompt
+from core.store.feedback_prompts import close as close_prompt
 from core.store.handoff import HandoffStore
 from core.store.inbox import (
     Backoff,
@@ -135,6 +138,8 @@ class _Reply:
     sources: Sequence[SourceRef] = ()
     language: str | None = None
     site: str | None = None
+    # The feedback prompt open when the messages came: whatever they were, they close it.
+    prompt: FeedbackPrompt | None = None
 
 
 class InboxWorker:
@@ -183,6 +188,7 @@ class InboxWorker:
         self._conversations = Conversations(pool)
         self._handoff = HandoffStore(pool)
         self._agents = Agents(pool)
+        self._feedback = FeedbackReplies(pool)
         self._burst = burst_window
         self._lease = lease
         self._concurrency = concurrency
@@ -387,6 +393,8 @@ class InboxWorker:
         except Exception as exc:  # a courtesy: never fails the turn
             log.warning("inbox.typing.unavailable channel=%s error=%r", first.channel, exc)
             indicator = None
+        if all(row.inbound.feedback is not None for row in claim.rows):
+            indicator = None  # a button pressed: nothing to think about
         answered = asyncio.Event()
         typing = (
             asyncio.create_task(
@@ -428,6 +436,29 @@ class InboxWorker:
         agent = await self._agents.by_id(first.agent_id)
         messages = [row.inbound for row in claim.rows]
         await self._remember_customer(first, messages)
+        taken = await self._feedback.take(agent, first.channel, first.conversation_key, messages)
+        await self._acknowledge(first, taken.receipts)
+        reply = await self._reply_to(claim, agent, taken)
+        return replace(reply, prompt=taken.prompt)
+
+    async def _reply_to(self, claim: InboxClaim, agent: Agent, taken: Taken) -> _Reply:
+        """The reply to the messages that were not feedback, or thanks for the feedback."""
+        first = claim.first
+        messages = taken.rest
+        if not messages:
+            if not taken.said:
+                return _Reply("", None, None)  # presses that rated nothing: nothing to say
+            # In the language the customer was asked in: the conversation's.
+            known = await self._conversations.language(
+                agent.id, first.channel, first.conversation_key
+            )
+            language = (
+                _base_language(known)
+                if known
+                else await self._language(claim, agent.default_language)
+            )
+            thanks = phrase("feedback_thanks", language)
+            return await self._canned(claim, "\n".join(taken.said), thanks, language, "feedback")
         questions: list[str] = []
         heard: list[dict[str, str]] = []
         unheard: MediaItem | None = None
@@ -495,6 +526,23 @@ class InboxWorker:
             answered_in or agent.default_language,
             agent.site_url,
         )
+
+    async def _acknowledge(self, first: InboxRow, receipts: Sequence[str]) -> None:
+        """Tell the customer's app its button presses arrived (a courtesy: never fails)."""
+        if not receipts or self._senders is None:
+            return
+        try:
+            sender = await sender_of(self._senders, first.agent_id, first.channel)
+        except Exception as exc:
+            log.warning("inbox.acknowledge.unavailable channel=%s error=%r", first.channel, exc)
+            return
+        if not isinstance(sender, ChoiceSender):
+            return
+        for receipt in receipts:
+            try:
+                await sender.acknowledge(receipt)
+            except Exception as exc:
+                log.warning("inbox.acknowledge.failed channel=%s error=%r", first.channel, exc)
 
     async def _heard(self, first: InboxRow, voice: MediaItem) -> str:
         """The words of a voice note; '' when it can never be heard (gone from the provider,
@@ -574,6 +622,8 @@ class InboxWorker:
         async with self._pool.acquire() as conn, conn.transaction():
             if not await complete(conn, claim):
                 raise _LeaseLost()
+            if reply.prompt is not None:
+                await close_prompt(conn, reply.prompt)
             message_id = None
             if reply.turn_id is not None:
                 message_id = await reply_message_id(conn, reply.turn_id)

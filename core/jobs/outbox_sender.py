@@ -10,6 +10,8 @@ from datetime import datetime
 import asyncpg
 
 from core.delivery import (
+    Choice,
+    ChoiceSender,
     DeliveryError,
     Sender,
     Senders,
@@ -186,6 +188,13 @@ class OutboxSender:
         )
 
     async def _deliver(self, sender: Sender, row: OutboxRow) -> Sent:
+        if row.choices:
+            if not isinstance(sender, ChoiceSender):
+                raise DeliveryError(
+                    f"{row.channel} has no buttons", code="buttons_unsupported", permanent=True
+                )
+            choices = [Choice(str(c.get("label", "")), str(c.get("data", ""))) for c in row.choices]
+            return await sender.send_choices(row.recipient, row.body, choices)
         if row.template is None:
             return await sender.send(row.recipient, row.body)
         if not isinstance(sender, TemplateSender):

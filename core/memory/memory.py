@@ -89,8 +89,9 @@ class ConversationMemory:
 
     Each answered turn is appended (`remember`); once ``lag`` more messages have left the
     last ``window`` than the summary covers, the summary is brought up to date in a task of
-    its own, after the reply; a rebuilt memory is written back to the cache the same way.
-    `drain` waits for those tasks (at shutdown, in tests).
+    its own, after the reply; the conversation's topic is written the same way after its
+    first exchange, and a rebuilt memory is written back to the cache. `drain` waits for
+    those tasks (at shutdown, in tests).
     """
 
     def __init__(
@@ -130,7 +131,8 @@ class ConversationMemory:
     async def remember(
         self, conversation_id: int, generation: int, messages: Sequence[StoredMessage]
     ) -> None:
-        """Add just-saved messages, then update the summary in the background when it is due.
+        """Add just-saved messages, then, in the background, name the conversation after its
+        first exchange and update the summary when it is due.
 
         Only a cached list is extended: a list made from a few new messages would pass for
         the whole conversation, so without one the next `recall` rebuilds from Postgres.
@@ -198,6 +200,20 @@ class ConversationMemory:
         )
         return True
 
+    async def name_if_due(self, conversation_id: int) -> bool:
+        """Write the conversation's topic once its first exchange is stored; True when written.
+
+        Once per conversation: a topic stays, through clears too.
+        """
+        work = await self._store.topic_work(conversation_id)
+        if work is None:
+            return False
+        topic = await self._summarizer.topic(work.question, work.answer, work.language)
+        if not await self._store.save_topic(conversation_id, topic.text):
+            return False  # named meanwhile, by another process
+        log.info("memory.topic.written conversation_id=%d method=%s", conversation_id, topic.method)
+        return True
+
     async def behind(self, *, limit: int, active_since: datetime | None = None) -> list[int]:
         """Conversations whose summary is due, quietest first (see `catch_up_summaries`)."""
         return await self._store.behind(
@@ -205,8 +221,8 @@ class ConversationMemory:
         )
 
     async def drain(self, within: float | None = None) -> None:
-        """Wait for summaries being written; after ``within`` seconds the rest is cancelled
-        (the catch-up job writes them later)."""
+        """Wait for summaries and topics being written; after ``within`` seconds the rest is
+        cancelled (the catch-up job writes the summaries later, the next turn the topic)."""
         loop = asyncio.get_running_loop()
         deadline = None if within is None else loop.time() + within
         while self._tasks:
@@ -311,6 +327,13 @@ class ConversationMemory:
         try:
             while True:
                 self._again.discard(conversation_id)
+                try:
+                    await self.name_if_due(conversation_id)
+                except Exception as exc:
+                    # Reported once, here; the next turn of the conversation tries again.
+                    log.warning(
+                        "memory.topic.failed conversation_id=%d error=%r", conversation_id, exc
+                    )
                 try:
                     await self.summarize_if_due(conversation_id)
                 except Exception as exc:

@@ -100,15 +100,31 @@ class InboxWork:
             reader,
         )
 
-    async def set_status(self, conversation_id: int, status: str) -> None:
+    async def set_status(self, conversation_id: int, status: str, staff: str) -> None:
+        """Set open, pending or resolved. Resolving records who resolved it and when (what
+        the reports count); resolving what is resolved already records nothing more."""
         if status not in INBOX_STATUSES:
             raise InvalidInput(f"status: one of {', '.join(INBOX_STATUSES)}")
         async with self._pool.acquire() as conn, conn.transaction():
+            # Locked, so two staff resolving at once record one resolving, not two.
+            was = await conn.fetchval(
+                "SELECT inbox_status FROM conversations WHERE id = $1 FOR UPDATE",
+                conversation_id,
+            )
+            if was is None:
+                raise NotFound(f"no conversation {conversation_id}")
             await conn.execute(
                 "UPDATE conversations SET inbox_status = $2 WHERE id = $1",
                 conversation_id,
                 status,
             )
+            if status == "resolved" and was != "resolved":
+                await conn.execute(
+                    """INSERT INTO conversation_resolutions (conversation_id, staff)
+                       VALUES ($1, $2)""",
+                    conversation_id,
+                    staff,
+                )
             await _announce(conn, conversation_id, "inbox")
 
     async def assign(self, conversation_id: int, staff_id: int | None) -> None:
@@ -147,9 +163,14 @@ class InboxWork:
                 " ".join(label.split()),
             )
 
-    async def labels_in_use(self) -> list[str]:
+    async def labels_in_use(self, agent_id: int | None = None) -> list[str]:
+        """Labels on any conversation, or (``agent_id``) on that agent's conversations."""
         rows = await self._pool.fetch(
-            "SELECT DISTINCT label FROM conversation_labels ORDER BY label LIMIT 200"
+            """SELECT DISTINCT l.label FROM conversation_labels l
+                 JOIN conversations c ON c.id = l.conversation_id
+                WHERE $1::bigint IS NULL OR c.agent_id = $1
+                ORDER BY l.label LIMIT 200""",
+            agent_id,
         )
         return [r["label"] for r in rows]
 

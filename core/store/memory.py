@@ -1,4 +1,5 @@
-"""Conversation memory in Postgres: a generation's recent messages, its summary, and clearing."""
+"""Conversation memory in Postgres: a generation's recent messages, its summary, the
+conversation's topic, and clearing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from core.store.conversations import StoredMessage
 
 # What memory remembers: what the visitor, the bot and staff said, not system notes.
 MEMORY_ROLES = ["visitor", "assistant", "staff"]
+# Of what the customer wrote before the first reply, the topic reads this many messages.
+TOPIC_MESSAGES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,16 @@ class SummaryWork:
     previous: str | None
     through: int | None
     fallen_out: tuple[StoredMessage, ...]  # left the recent window, not yet summarised
+
+
+@dataclass(frozen=True, slots=True)
+class TopicWork:
+    """What naming a conversation takes: its first exchange, while it has no topic."""
+
+    conversation_id: int
+    question: str  # what the customer wrote before the first reply, one message a line
+    answer: str  # that reply (the bot's, or staff's)
+    language: str | None
 
 
 class MemoryStore:
@@ -133,6 +146,45 @@ class MemoryStore:
                 through,
                 generation,
             )
+        return written is not None
+
+    async def topic_work(self, conversation_id: int) -> TopicWork | None:
+        """The first exchange, once one is stored and while the conversation has no topic.
+
+        Every generation counts: the topic names the conversation, which a clear does not end.
+        """
+        row = await self._pool.fetchrow(
+            """SELECT c.language, a.text AS answer,
+                      (SELECT string_agg(v.text, E'\\n' ORDER BY v.id)
+                         FROM (SELECT id, text FROM messages
+                                WHERE conversation_id = c.id AND role = 'visitor' AND id < a.id
+                                ORDER BY id LIMIT $2) v) AS question
+                 FROM conversations c
+                 JOIN LATERAL (
+                       SELECT m.id, m.text FROM messages m
+                        WHERE m.conversation_id = c.id AND m.role IN ('assistant', 'staff')
+                          AND EXISTS (SELECT 1 FROM messages q
+                                       WHERE q.conversation_id = c.id AND q.role = 'visitor'
+                                         AND q.id < m.id)
+                        ORDER BY m.id LIMIT 1) a ON true
+                WHERE c.id = $1 AND c.topic IS NULL""",
+            conversation_id,
+            TOPIC_MESSAGES,
+        )
+        if row is None:
+            return None
+        return TopicWork(conversation_id, row["question"], row["answer"], row["language"])
+
+    async def save_topic(self, conversation_id: int, topic: str) -> bool:
+        """Store the topic unless the conversation has one already (another process named it
+        first); False then, or when the conversation is gone."""
+        written = await self._pool.fetchval(
+            """UPDATE conversations SET topic = $2
+                WHERE id = $1 AND topic IS NULL
+            RETURNING 1""",
+            conversation_id,
+            topic,
+        )
         return written is not None
 
     async def clear(self, agent_id: int, channel: str, key: str) -> tuple[int, int] | None:

@@ -10,6 +10,8 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from core.delivery import Choice
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
@@ -36,6 +38,8 @@ class OutboxRow:
     # An approved template sent instead of ``body`` (which holds its text, filled in):
     # {"name", "provider_id", "language", "values"}.
     template: Mapping[str, Any] | None = None
+    # Buttons sent under the part (`core.delivery.Choice`): [{"label", "data"}].
+    choices: Sequence[Mapping[str, Any]] | None = None
 
 
 # A part left 'sending' by a sender that died may have reached the provider: from when.
@@ -54,16 +58,20 @@ async def enqueue(
     conversation_id: int | None = None,
     message_id: int | None = None,
     template: Mapping[str, Any] | None = None,
+    choices: Sequence[Choice] = (),
 ) -> list[int]:
     """Add one reply's parts (already split by the channel) on ``conn``, inside its
-    transaction; with ``template``, one part: the template, ``parts[0]`` its text."""
+    transaction; with ``template``, one part: the template, ``parts[0]`` its text. ``choices``
+    go under the last part."""
     ids: list[int] = []
-    for number, body in enumerate(parts[:1] if template is not None else parts):
+    sent = parts[:1] if template is not None else parts
+    buttons = [{"label": c.label, "data": c.data} for c in choices] or None
+    for number, body in enumerate(sent):
         ids.append(
             await conn.fetchval(
                 """INSERT INTO outbox (agent_id, channel, conversation_id, message_id, recipient,
-                                       part, body, template)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id""",
+                                       part, body, template, choices)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id""",
                 agent_id,
                 channel,
                 conversation_id,
@@ -72,6 +80,7 @@ async def enqueue(
                 number,
                 body,
                 dict(template) if template is not None else None,
+                buttons if number == len(sent) - 1 else None,
             )
         )
     return ids

@@ -1,15 +1,15 @@
 """Support reports: per day and channel, what the bot answered, what staff took, how fast.
 
-Everything is counted from what the turns already left behind (messages, turns and their
-traces, handoff system messages, feedback), in the agent's time zone, so a report needs no
-counters of its own and can be asked for any past period.
+Everything is counted from what the turns and staff already left behind (messages, turns and
+their traces, handoff system messages, resolutions, feedback), in the agent's time zone, so a
+report needs no counters of its own and can be asked for any past period.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
-from typing import Any, Literal
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -20,15 +20,6 @@ REHEARSAL_CHANNELS = ("playground", "test")
 # The trace key (`turns.trace->'timings_ms'`) the pipeline records when the model's first
 # token arrived, in milliseconds from the start of generation (core/answer/pipeline.py).
 FIRST_TOKEN_KEY = "first_token"  # noqa: S105 (a trace key, not a secret)
-
-# What "resolved" counts. Conversations have no 'resolved' status yet, so staff handing a
-# conversation back to the bot (a system message whose text is the new status 'bot') stands
-# for it. Once conversations record resolving (migration 0014), replace this query with one
-# giving (conversation_id, created_at) per resolving and set RESOLVED_BY to "status".
-RESOLVED_BY: Literal["handback", "status"] = "handback"
-RESOLVED_EVENTS = """
-    SELECT m.conversation_id, m.created_at FROM messages m
-     WHERE m.role = 'system' AND m.text = 'bot'"""
 
 # Feedback (migration 0013): a thumbs up or down on a turn. Read only once the table exists.
 _FEEDBACK_FACTS = """
@@ -53,7 +44,7 @@ def _facts(feedback: bool) -> str:
     # over them, so a day and a whole period are counted by the very same query.
     visit_day, channel = _bucket("m.created_at")
     turn_day, _ = _bucket("t.created_at")
-    event_day, _ = _bucket("e.created_at")
+    resolved_day, _ = _bucket("r.resolved_at")
     staff_day, _ = _bucket("s.created_at")
     feedback_facts = ""
     if feedback:
@@ -86,9 +77,10 @@ def _facts(feedback: bool) -> str:
          WHERE m.role = 'system' AND m.text IN ('waiting_for_staff', 'staff')
            AND m.created_at >= $3 AND m.created_at < $4
         UNION ALL
-        SELECT {event_day}, {channel}, 'resolved', e.conversation_id, NULL
-          FROM ({RESOLVED_EVENTS}) e JOIN scope c ON c.id = e.conversation_id
-         WHERE e.created_at >= $3 AND e.created_at < $4
+        -- staff resolved it (migration 0017); resolved again another day counts that day too
+        SELECT {resolved_day}, {channel}, 'resolved', r.conversation_id, NULL
+          FROM conversation_resolutions r JOIN scope c ON c.id = r.conversation_id
+         WHERE r.resolved_at >= $3 AND r.resolved_at < $4
         UNION ALL
         SELECT {turn_day}, {channel}, 'first_token', t.conversation_id,
                (t.trace -> 'timings_ms' ->> '{FIRST_TOKEN_KEY}')::float8
@@ -177,7 +169,6 @@ class Report:
     channels: tuple[Figures, ...]  # per channel over the whole period
     total: Figures  # all channels over the whole period
     feedback_recorded: bool  # False: there is no feedback table yet
-    resolved_by: Literal["handback", "status"]
 
 
 def period_bounds(first_day: date, last_day: date, timezone: str) -> tuple[datetime, datetime]:
@@ -220,5 +211,4 @@ class Reports:
             channels=tuple(_figures(r) for r in channels),
             total=_figures(total[0]) if total else empty,
             feedback_recorded=feedback,
-            resolved_by=RESOLVED_BY,
         )

@@ -68,9 +68,12 @@ class ConversationRow:
     assignee_id: int | None = None  # the teammate it is assigned to
     assignee: str | None = None  # their name (else address)
     last_text: str | None = None  # the last message, cut at LAST_TEXT_CHARS
-    first_question: str | None = None  # the visitor's first message: the summary until one exists
+    first_question: str | None = None  # the visitor's first message: shown without a topic
     unread: bool = False  # the visitor wrote after any staff member last opened it
     labels: tuple[str, ...] = ()
+    # One line on what it is about, written after the first exchange: the list shows it
+    # until there is a summary.
+    topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +190,8 @@ SELECT c.id, a.slug AS agent, a.name AS agent_name, c.channel,
                       (SELECT max(r.read_at) FROM conversation_reads r
                         WHERE r.conversation_id = c.id), '-infinity')) AS unread,
        ARRAY(SELECT l.label FROM conversation_labels l
-              WHERE l.conversation_id = c.id ORDER BY l.label) AS labels
+              WHERE l.conversation_id = c.id ORDER BY l.label) AS labels,
+       NULLIF(btrim(c.topic), '') AS topic
   FROM conversations c
   JOIN agents a ON a.id = c.agent_id
   LEFT JOIN staff st ON st.id = c.assignee_id
@@ -319,10 +323,26 @@ class Transcripts:
                     WHERE s.conversation_id = $1 AND s.generation = c.generation""",
                 conversation_id,
             )
+            # A message sent through a messaging channel is as far along as its outbox parts:
+            # the least advanced of them, or failed when one failed (with that part's code).
             rows = await conn.fetch(
-                """SELECT id, role, text, author, turn_id, generation, delivery_status,
-                          error_code, created_at
-                     FROM messages WHERE conversation_id = $1 ORDER BY id DESC LIMIT $2""",
+                """SELECT m.id, m.role, m.text, m.author, m.turn_id, m.generation,
+                          d.status AS delivery_status, d.error_code, m.created_at
+                     FROM messages m
+                     LEFT JOIN LATERAL (
+                          SELECT CASE
+                                   WHEN bool_or(o.status = 'failed') THEN 'failed'
+                                   WHEN bool_or(o.status = 'undelivered') THEN 'undelivered'
+                                   WHEN bool_or(o.status IN ('pending', 'sending')) THEN 'queued'
+                                   WHEN bool_or(o.status = 'sent') THEN 'sent'
+                                   WHEN bool_or(o.status = 'delivered') THEN 'delivered'
+                                   ELSE 'read'
+                                 END AS status,
+                                 max(o.error_code) FILTER (
+                                     WHERE o.status IN ('failed', 'undelivered')) AS error_code
+                            FROM outbox o WHERE o.message_id = m.id
+                          HAVING count(*) > 0) d ON true
+                    WHERE m.conversation_id = $1 ORDER BY m.id DESC LIMIT $2""",
                 conversation_id,
                 messages,
             )

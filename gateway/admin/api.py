@@ -27,6 +27,8 @@ from channels.web import WRITING_RULE, SseTurnOutput, parse_body
 from core.answer.escalation import validate_handoff_settings
 from core.delivery import Template
 from core.errors import Conflict, InvalidInput, NotFound
+from core.feedback import SETTING as FEEDBACK_PROMPT
+from core.feedback import asks_for_feedback, validate_feedback_settings
 from core.inbound import InboundMessage
 from core.knowledge.sources import SourceSpec
 from core.llm.limits import validate_llm_limits
@@ -260,6 +262,8 @@ async def patch_staff(call: Call) -> s.StaffMemberOut:
 # -- agents ---------------------------------------------------------------------------------
 
 _HANDOFF_SETTINGS = ("business_hours", "handoff_enabled", "handoff_text", "out_of_hours_text")
+# Settings with a field of their own, besides handoff's: not repeated among the others.
+_NAMED_SETTINGS = (*_HANDOFF_SETTINGS, FEEDBACK_PROMPT)
 _COLUMNS = (
     "name",
     "persona",
@@ -316,8 +320,9 @@ def agent_out(agent: Agent) -> s.AgentOut:
         handoff_enabled=settings.get("handoff_enabled", True) is not False,
         handoff_text=settings.get("handoff_text") or None,
         out_of_hours_text=settings.get("out_of_hours_text") or None,
+        feedback_prompt=asks_for_feedback(settings),
         settings={
-            k: v for k, v in settings.items() if k not in blocks and k not in _HANDOFF_SETTINGS
+            k: v for k, v in settings.items() if k not in blocks and k not in _NAMED_SETTINGS
         },
         channels=s.ChannelsOut(**{c.block: _channel_out(c, agent) for c in CHANNELS}),
         embedder=agent.embedder,
@@ -337,6 +342,12 @@ def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
                 settings.pop(key, None)
             else:
                 settings[key] = value
+    if FEEDBACK_PROMPT in given:
+        # Off is the default: only "on" is stored.
+        if body.feedback_prompt:
+            settings[FEEDBACK_PROMPT] = True
+        else:
+            settings.pop(FEEDBACK_PROMPT, None)
     for key, value in (body.settings or {}).items():
         if value is None:
             settings.pop(key, None)
@@ -380,6 +391,7 @@ def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
                     f"the agent has {channel.title} credentials of its own"
                 )
     validate_handoff_settings(settings)
+    validate_feedback_settings(settings)
     validate_llm_limits(settings)
     return settings
 
@@ -821,7 +833,6 @@ async def get_report(call: Call) -> s.ReportOut:
         per_channel=[_figures_out(f) for f in report.channels],
         total=_figures_out(report.total),
         feedback_recorded=report.feedback_recorded,
-        resolved_by=report.resolved_by,
         gaps=[s.ReportGapOut.model_validate(g) for g in asked[:TOP_GAPS]],
     )
 

@@ -35,7 +35,8 @@ class ChangesOut(s.Out):
 
 class StatusBody(s.Body):
     status: Literal["open", "pending", "resolved"] = Field(
-        description="resolved hands the conversation back to the bot"
+        description="resolved hands the conversation back to the bot and records who resolved "
+        "it and when (what the reports count as resolved)"
     )
 
 
@@ -51,6 +52,15 @@ class LabelBody(s.Body):
 
 class LabelQuery(s.Query):
     label: str = Field(min_length=1, max_length=MAX_LABEL)
+
+
+class LabelsQuery(s.Query):
+    agent: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="an agent's slug: only labels on that agent's conversations",
+    )
 
 
 class LabelsOut(s.Out):
@@ -148,7 +158,9 @@ async def mark_read(call: Call) -> None:
 @operation(
     "POST",
     r"/conversations/{id:\d+}/status",
-    "Set open, pending or resolved; resolving hands the conversation back to the bot",
+    "Set open, pending or resolved; resolving hands the conversation back to the bot (and, "
+    "where the agent's feedback_prompt is on, asks a WhatsApp or Telegram customer whether "
+    "the bot's last answer helped)",
     "conversations",
     body=StatusBody,
     response=s.ConversationOut,
@@ -159,7 +171,9 @@ async def set_status(call: Call) -> s.ConversationOut:
     conversation_id = await call.conversation()
     if body.status == "resolved":
         await call.admin.handoff.hand_back(conversation_id)
-    await call.admin.inbox_work.set_status(conversation_id, body.status)
+    await call.admin.inbox_work.set_status(conversation_id, body.status, call.staff.label)
+    if body.status == "resolved":
+        await call.admin.feedback_prompts.after_resolved(conversation_id)
     return await _row(call, conversation_id)
 
 
@@ -196,9 +210,19 @@ async def teammates(call: Call) -> TeammateList:
     )
 
 
-@operation("GET", "/labels", "Labels in use", "conversations", response=LabelsOut, role="agent")
+@operation(
+    "GET",
+    "/labels",
+    "Labels in use, on all conversations or on one agent's",
+    "conversations",
+    query=LabelsQuery,
+    response=LabelsOut,
+    role="agent",
+)
 async def labels(call: Call) -> LabelsOut:
-    return LabelsOut(items=await call.admin.inbox_work.labels_in_use())
+    query: LabelsQuery = call.query
+    agent_id = None if query.agent is None else (await call.admin.agents.get(query.agent)).id
+    return LabelsOut(items=await call.admin.inbox_work.labels_in_use(agent_id))
 
 
 @operation(

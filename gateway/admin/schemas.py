@@ -102,7 +102,9 @@ class Body(BaseModel):
     so is a NUL character in any text. Types are strict: ``false`` is no id and ``"1"`` no
     number."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
+    model_config = ConfigDict(
+        extra="forbid", str_strip_whitespace=True, strict=True, defer_build=True
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -113,11 +115,11 @@ class Body(BaseModel):
 class Out(BaseModel):
     """Response bodies, read from the repositories' dataclasses."""
 
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(from_attributes=True, defer_build=True)
 
 
 class Query(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, defer_build=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -437,6 +439,13 @@ else:
     )
 
 
+_FEEDBACK_PROMPT = (
+    "when staff resolve a WhatsApp or Telegram conversation, ask the customer whether the "
+    "bot's last answer helped (Telegram: buttons; WhatsApp: reply 1 or 2, within the "
+    "customer window); a no shows among the content gaps"
+)
+
+
 class AgentOut(Out):
     slug: str
     name: str
@@ -452,6 +461,7 @@ class AgentOut(Out):
     handoff_enabled: bool = True
     handoff_text: str | dict[str, str] | None = None
     out_of_hours_text: str | dict[str, str] | None = None
+    feedback_prompt: bool = Field(False, description=_FEEDBACK_PROMPT)
     settings: dict[str, Any] = Field(
         description="other settings (rate limits, guardrails...); channel secrets left out"
     )
@@ -509,6 +519,7 @@ class AgentPatch(Body):
     handoff_enabled: bool | None = None
     handoff_text: str | dict[str, str] | None = None
     out_of_hours_text: str | dict[str, str] | None = None
+    feedback_prompt: bool | None = Field(None, description=_FEEDBACK_PROMPT + "; null: off")
     settings: dict[str, Any] | None = Field(
         None, description="merged into the agent's other settings; a key set to null is removed"
     )
@@ -576,7 +587,9 @@ class ConversationOut(Out):
     status: str
     assigned_to: str | None
     language: str | None
-    summary_line: str | None
+    summary_line: str | None = Field(
+        description="the first line of the rolling summary, once there is one"
+    )
     confidence: float | None
     threshold: float
     low_confidence: bool
@@ -588,12 +601,17 @@ class ConversationOut(Out):
     assignee: str | None = Field(None, description="that teammate's name")
     last_text: str | None = Field(None, description="the last message, cut at 120 characters")
     first_question: str | None = Field(
-        None, description="the visitor's first message: shown until there is a summary"
+        None, description="the visitor's first message: shown while there is no summary or topic"
     )
     unread: bool = Field(
         False, description="the visitor wrote after any staff member last opened it"
     )
     labels: list[str] = []
+    topic: str | None = Field(
+        None,
+        description="one line (at most 80 characters) on what the customer wants, written once "
+        "after the first exchange: shown while there is no summary_line",
+    )
 
 
 class ConversationPageOut(Out):
@@ -860,7 +878,10 @@ class ReportFiguresOut(Out):
         description="conversations answered by the bot alone: never waiting for or with staff"
     )
     handed_to_staff: int = Field(description="conversations that asked for or were taken by staff")
-    resolved: int = Field(description="conversations resolved (see resolved_by)")
+    resolved: int = Field(
+        description="conversations staff resolved; one resolved again on another day counts "
+        "on each day it was resolved"
+    )
     thumbs_up: int
     thumbs_down: int
     thumbs_up_rate: float | None = Field(description="thumbs up / all thumbs; null: none given")
@@ -894,9 +915,6 @@ class ReportOut(Out):
     per_channel: list[ReportFiguresOut] = Field(description="per channel, the whole period")
     total: ReportFiguresOut = Field(description="all channels, the whole period")
     feedback_recorded: bool = Field(description="false: no feedback is stored yet")
-    resolved_by: Literal["handback", "status"] = Field(
-        description="handback: resolved counts staff handing the conversation back to the bot"
-    )
     gaps: list[ReportGapOut] = Field(
         description="the most asked open content gaps that were asked in the period"
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
 
-from channels.registry import secret_fields
+from channels.registry import BY_NAME, secret_fields
+from core.feedback import FeedbackPrompter
 from core.handoff import Handoff
 from core.keyring import Keyring
 from core.knowledge.ingest import Ingestor
@@ -53,6 +55,8 @@ class AdminServices:
     notifications: Notifications  # who waits for a person, and the webhook's deliveries
     # Privacy requests: erase or export one customer's data (the cached memory with it).
     customers: CustomerData
+    # "Did this answer your question?" to a messaging customer once staff resolve.
+    feedback_prompts: FeedbackPrompter
 
     @classmethod
     def build(
@@ -63,15 +67,19 @@ class AdminServices:
         embedder: Embedder,
         handoff: Handoff,
         agents: Agents,
+        outbox_queued: Callable[[], None] | None = None,
     ) -> AdminServices:
+        """``outbox_queued`` is called when a message for a customer was queued (this
+        process's outbox sender then sends it at once)."""
         staff = StaffAccounts(pool)
         knowledge = KnowledgeStore(pool)
+        # Read fresh: staff see a change the moment they made it. The answering side's memory
+        # of agents is shared, so the change applies there at once too. Channel secrets
+        # written here are sealed: the registry says which fields are.
+        admin_agents = agents.unremembered(Keyring.from_settings(settings), secret_fields())
         return cls(
             auth=StaffAuth(settings, staff, StaffSessions(pool), cache),
-            # Read fresh: staff see a change the moment they made it. The answering side's
-            # memory of agents is shared, so the change applies there at once too. Channel
-            # secrets written here are sealed: the registry says which fields are.
-            agents=agents.unremembered(Keyring.from_settings(settings), secret_fields()),
+            agents=admin_agents,
             staff=staff,
             transcripts=Transcripts(pool),
             gaps=ContentGaps(pool),
@@ -89,6 +97,9 @@ class AdminServices:
             inbox_stuck_after=settings.inbox_stuck_after,
             notifications=Notifications(pool),
             customers=CustomerData(Privacy(pool), build_memory(settings, pool, cache, None)),
+            feedback_prompts=FeedbackPrompter(
+                pool, admin_agents, channels=BY_NAME, queued=outbox_queued
+            ),
         )
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ async def _admin_services(app: web.Application) -> AsyncIterator[None]:
         app[EMBEDDER],
         app[HANDOFF],
         app[RUNTIME].agents,
+        outbox_queued=app[RUNTIME].outbox_queued.set,
     )
     app[ADMIN] = services
     yield

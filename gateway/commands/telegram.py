@@ -32,7 +32,7 @@ from gateway.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-ALLOWED_UPDATES = ["message"]  # what the webhook and the poller ask Telegram for
+ALLOWED_UPDATES = ["message", "callback_query"]  # messages, and presses of feedback buttons
 MAX_CONNECTIONS = 40
 POLL_TIMEOUT = 25  # seconds a getUpdates call waits for news
 _WEBHOOK_PORTS = (443, 80, 88, 8443)  # the only ports Telegram calls

@@ -73,36 +73,47 @@
       reply.focus();
       reply.selectionStart = reply.selectionEnd = start + saved.value.length;
       saved.value = "";
+      // Set by script, so no input event: the customer is told here.
+      signalTyping();
     });
   }
 
-  // Tell the customer staff are writing: at most once every few seconds while typing.
+  // Tell the customer staff are writing: at most once every few seconds while typing (the
+  // widget shows it for a few seconds more than that, so steady typing shows steadily).
   const TYPING_EVERY_MS = 4000;
   let typingSent = 0;
-  if (reply && reply.dataset.typing) {
-    reply.addEventListener("input", () => {
-      const now = Date.now();
-      if (!reply.value.trim() || now - typingSent < TYPING_EVERY_MS) return;
-      typingSent = now;
-      fetch(reply.dataset.typing, {
-        method: "POST",
-        credentials: "same-origin",
-        headers: { "X-CSRF-Token": csrf() },
-      }).catch(() => {});
-    });
+  function signalTyping() {
+    if (!reply || !reply.dataset.typing) return;
+    const now = Date.now();
+    if (!reply.value.trim() || now - typingSent < TYPING_EVERY_MS) return;
+    typingSent = now;
+    fetch(reply.dataset.typing, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "X-CSRF-Token": csrf() },
+    }).catch(() => {});
   }
+  if (reply) reply.addEventListener("input", signalTyping);
 
   // ------------------------------------------------------------ keyboard shortcuts
 
+  // Where each works: the help says so, since a key that does nothing on a page looks broken.
   const SHORTCUTS = [
-    ["j / k", "next / previous conversation in the list"],
-    ["o or Enter", "open the chosen conversation"],
-    ["/", "search conversations"],
-    ["r", "write a reply"],
-    ["n", "write an internal note"],
-    ["e", "resolve (hands the conversation back to the bot)"],
-    ["a", "assign to me"],
-    ["?", "show these shortcuts"],
+    ["In the conversation list", [
+      ["j / k", "next / previous conversation"],
+      ["o or Enter", "open the chosen conversation"],
+    ]],
+    ["In a conversation", [
+      ["r", "write a reply"],
+      ["n", "write an internal note"],
+      ["e", "resolve (hands the conversation back to the bot)"],
+      ["a", "assign to me"],
+    ]],
+    ["Anywhere", [
+      ["/", "search conversations"],
+      ["?", "show or hide these shortcuts"],
+      ["Esc", "leave a text box, so the keys work again"],
+    ]],
   ];
   let help = null;
 
@@ -114,19 +125,25 @@
       const title = document.createElement("h2");
       title.id = "shortcuts-title";
       title.textContent = "Keyboard shortcuts";
-      const table = document.createElement("dl");
-      for (const [keys, what] of SHORTCUTS) {
-        const dt = document.createElement("dt");
-        dt.textContent = keys;
-        const dd = document.createElement("dd");
-        dd.textContent = what;
-        table.append(dt, dd);
+      help.append(title);
+      for (const [where, keys] of SHORTCUTS) {
+        const heading = document.createElement("h3");
+        heading.textContent = where;
+        const table = document.createElement("dl");
+        for (const [key, what] of keys) {
+          const dt = document.createElement("dt");
+          dt.textContent = key;
+          const dd = document.createElement("dd");
+          dd.textContent = what;
+          table.append(dt, dd);
+        }
+        help.append(heading, table);
       }
       const close = document.createElement("button");
       close.type = "button";
       close.textContent = "Close";
       close.addEventListener("click", () => help.close());
-      help.append(title, table, close);
+      help.append(close);
       document.body.append(help);
     }
     if (help.open) help.close();
@@ -135,6 +152,7 @@
 
   document.querySelector("[data-shortcuts-help]")?.addEventListener("click", toggleHelp);
 
+  const SEARCH_PAGE = "/admin/conversations";
   const click = (selector) => document.querySelector(selector)?.click();
   const focus = (selector) => {
     const el = document.querySelector(selector);
@@ -151,11 +169,14 @@
       if (event.key === "Escape") target.blur();
       return;
     }
+    // The help is modal: behind it nothing may be resolved or assigned by a stray key.
+    if (help?.open && event.key !== "?") return;
     const actions = {
       j: () => select(selected + 1),
       k: () => select(selected - 1),
       o: () => rows()[selected]?.querySelector("a")?.click(),
-      "/": () => focus("#filter-q"),
+      // Searching is the list's: elsewhere "/" goes there, and the search box is focused.
+      "/": () => focus("#filter-q") || location.assign(`${SEARCH_PAGE}#search`),
       r: () => focus("#reply-text"),
       n: () => focus("#note-text"),
       e: () => click('[data-shortcut="resolve"]'),
@@ -168,5 +189,6 @@
     action();
   });
 
+  if (location.hash === "#search") focus("#filter-q");
   if (list) follow();
 })();

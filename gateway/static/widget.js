@@ -62,6 +62,7 @@
       failed: "Sorry, I couldn't write an answer just now. Please try again.",
       team: "Support team",
       withTeam: "Chatting with our team",
+      typing: "{name} is typing…",
       joined: "A person from our team has joined the conversation.",
       left: "You're chatting with the assistant again.",
       waiting: "A person will reply here as soon as possible.",
@@ -98,6 +99,7 @@
       failed: "Sorry, het lukte nu niet om een antwoord te geven. Probeer het nog eens.",
       team: "Klantenservice",
       withTeam: "In gesprek met ons team",
+      typing: "{name} typt…",
       joined: "Een medewerker van ons team neemt nu deel aan het gesprek.",
       left: "Je chat weer met de assistent.",
       waiting: "Een medewerker reageert hier zo snel mogelijk.",
@@ -137,6 +139,7 @@
         "Entschuldigung, ich konnte gerade keine Antwort geben. Bitte versuchen Sie es noch einmal.",
       team: "Kundenservice",
       withTeam: "Im Gespräch mit unserem Team",
+      typing: "{name} schreibt…",
       joined: "Ein Mensch aus unserem Team ist dem Gespräch beigetreten.",
       left: "Sie chatten wieder mit dem Assistenten.",
       waiting: "Ein Mensch aus unserem Team antwortet Ihnen hier so bald wie möglich.",
@@ -173,6 +176,7 @@
       failed: "Désolé, je n'ai pas pu répondre pour le moment. Veuillez réessayer.",
       team: "Service client",
       withTeam: "En conversation avec notre équipe",
+      typing: "{name} est en train d'écrire…",
       joined: "Une personne de notre équipe a rejoint la conversation.",
       left: "Vous discutez de nouveau avec l'assistant.",
       waiting: "Une personne vous répondra ici dès que possible.",
@@ -1028,15 +1032,17 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       return el;
     }
 
-    /** A message from a person on the shop's side: plain text, labelled as the team's. */
     // "<staff> is typing…" below the log while staff write in the console; it goes
     // when their message arrives, or a few seconds after they stop.
     const staffTyping = h("p", { class: "staff-typing", "aria-live": "polite", hidden: true });
     log.after(staffTyping);
     let staffTypingTimer = 0;
     function showStaffTyping(name) {
-      staffTyping.textContent = `${name} is typing…`;
-      staffTyping.hidden = false;
+      staffTyping.textContent = T.typing.replace("{name}", () => name);
+      // It takes its line from the log: a log read to its end stays at its end.
+      keepingScroll(() => {
+        staffTyping.hidden = false;
+      });
       clearTimeout(staffTypingTimer);
       staffTypingTimer = setTimeout(hideStaffTyping, 7000);
     }
@@ -1045,6 +1051,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       staffTyping.hidden = true;
     }
 
+    /** A message from a person on the shop's side: plain text, labelled as the team's. */
     function addStaff(text) {
       hideStaffTyping();
       const el = h("div", { class: "msg staff" }, [

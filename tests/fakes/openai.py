@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from core.memory.summary import TOPIC_INSTRUCTIONS
+
 Responder = Callable[[dict[str, Any]], str]
 # Audio bytes -> transcript.
 Transcriber = Callable[[bytes], str]
@@ -57,6 +59,14 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status, headers=headers)
 
 
+def is_topic_request(body: dict[str, Any]) -> bool:
+    """Whether a chat request asks for a conversation's topic: memory sends one in the
+    background once a conversation has its first exchange, besides what the turn sends."""
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    return isinstance(first, dict) and first.get("content") == TOPIC_INSTRUCTIONS
+
+
 def audio_key(audio: bytes) -> str:
     """The key of ``FakeOpenAI.transcripts``: the audio's sha256, in hex."""
     return hashlib.sha256(audio).hexdigest()
@@ -73,6 +83,10 @@ class FakeOpenAI:
 
     Chat replies come from ``replies[model]`` (a queue, first in first out), else from
     ``responder(body)``, else ``default_reply``; they stream word by word.
+
+    Topic requests (`is_topic_request`) are answered like any chat request but left out of
+    `turn_requests` and of the counts of chats in flight and abandoned: those tell what the
+    turns asked, which a topic written in the background must not change.
 
     Transcripts come from ``transcripts[audio_key(audio)]``, else ``transcriber(audio)``,
     else ``default_transcript``; `transcription_requests` tells what was uploaded.
@@ -97,9 +111,10 @@ class FakeOpenAI:
     break_after: int | None = None  # drop the connection after this many content deltas
     streams_started: int = 0
     streams_completed: int = 0  # streams that reached `data: [DONE]`
-    disconnects: int = 0  # chat requests the client abandoned before the end
+    # Chat requests of turns (not topic ones) the client abandoned before the end.
+    disconnects: int = 0
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
-    chats_in_flight: int = 0  # chat requests being answered now
+    chats_in_flight: int = 0  # chat requests of turns (not topic ones) being answered now
     most_chats_in_flight: int = 0  # the most there ever were at once
     transcripts: dict[str, str] = field(default_factory=dict)
     transcriber: Transcriber | None = None
@@ -120,6 +135,12 @@ class FakeOpenAI:
     def chat_requests(self) -> list[dict[str, Any]]:
         """The bodies of the chat requests, in order: model, messages, temperature, ..."""
         return [r["body"] for r in self.requests if r["path"] == "/v1/chat/completions"]
+
+    @property
+    def turn_requests(self) -> list[dict[str, Any]]:
+        """The chat bodies the turns sent (rewrites and answers), in order: every chat
+        request but the topic ones (`is_topic_request`)."""
+        return [body for body in self.chat_requests if not is_topic_request(body)]
 
     @property
     def transcription_requests(self) -> list[dict[str, Any]]:
@@ -219,23 +240,27 @@ class FakeOpenAI:
             await asyncio.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
         return not _client_gone(request)
 
-    def _gone(self) -> None:
-        self.disconnects += 1
-        self.disconnected.set()
+    def _gone(self, body: dict[str, Any]) -> None:
+        if not is_topic_request(body):
+            self.disconnects += 1
+            self.disconnected.set()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self._record(request, body)
-        self.chats_in_flight += 1
-        self.most_chats_in_flight = max(self.most_chats_in_flight, self.chats_in_flight)
+        counted = not is_topic_request(body)
+        if counted:
+            self.chats_in_flight += 1
+            self.most_chats_in_flight = max(self.most_chats_in_flight, self.chats_in_flight)
         try:
             return await self._answer(request, body)
         except asyncio.CancelledError:
             # aiohttp's test server cancels the handler when the client disconnects.
-            self._gone()
+            self._gone(body)
             raise
         finally:
-            self.chats_in_flight -= 1
+            if counted:
+                self.chats_in_flight -= 1
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if self.chat_failures:
@@ -246,13 +271,13 @@ class FakeOpenAI:
             return _error(400, "model and messages are required")
         if self.hang:
             await self._wait(request, float("inf"))
-            self._gone()
+            self._gone(body)
             return web.Response(status=499)  # nobody is listening any more
         reply = self._reply_for(body)
         if body.get("stream"):
             return await self._stream(request, body, reply)
         if not await self._wait(request, self.first_token_delay):
-            self._gone()
+            self._gone(body)
             return web.Response(status=499)  # nobody is listening any more
         return web.json_response(self._completion(body, reply))
 
@@ -329,5 +354,5 @@ class FakeOpenAI:
             if request.transport is not None:
                 request.transport.close()
         else:
-            self._gone()
+            self._gone(body)
         return response

@@ -1,4 +1,5 @@
-"""A local Telegram Bot API: getMe, sendMessage, sendChatAction, the webhook and getUpdates.
+"""A local Telegram Bot API: getMe, sendMessage (with inline keyboards), sendChatAction,
+answerCallbackQuery, the webhook and getUpdates.
 
 Scriptable: failures to serve, blocked chats, and updates a test pushes for long polling.
 """
@@ -71,6 +72,24 @@ def _json_param(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _inline_keyboard(markup: Any) -> tuple[list[list[dict[str, Any]]] | None, str]:
+    """The rows of buttons of a ``reply_markup``, checked as Telegram checks them (a button's
+    ``callback_data`` is 1-64 bytes), or the complaint."""
+    if markup is None:
+        return None, ""
+    rows = _json_param(markup).get("inline_keyboard")
+    if not isinstance(rows, list):
+        return None, ""  # another kind of keyboard: not looked at here
+    for row in rows:
+        for button in row:
+            data = button.get("callback_data")
+            if data is not None and not 1 <= len(str(data).encode()) <= 64:
+                return None, "Bad Request: BUTTON_DATA_INVALID"
+            if not str(button.get("text") or "").strip():
+                return None, "Bad Request: text buttons are unallowed in the inline keyboard"
+    return rows, ""
+
+
 def _gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
@@ -104,8 +123,10 @@ class FakeTelegram:
     # Every call with a valid token, in order: {"method", "params"}.
     calls: list[dict[str, Any]] = field(default_factory=list)
     # Accepted messages: {"message_id", "chat_id", "text" (as shown), "sent" (as sent),
-    # "parse_mode"}.
+    # "parse_mode", "buttons": rows of {"text", "callback_data"} of an inline keyboard}.
     messages: list[dict[str, Any]] = field(default_factory=list)
+    # Button presses answered (answerCallbackQuery): {"callback_query_id", "text"}.
+    answered_callbacks: list[dict[str, Any]] = field(default_factory=list)
     # Files customers sent, by file_id: (bytes, file_path); getFile and the download serve them.
     files: dict[str, tuple[bytes, str]] = field(default_factory=dict)
     downloads: list[str] = field(default_factory=list)  # file paths fetched
@@ -186,6 +207,7 @@ class FakeTelegram:
             "getfile": self._get_file,
             "sendmessage": self._send_message,
             "sendchataction": self._send_chat_action,
+            "answercallbackquery": self._answer_callback_query,
             "setwebhook": self._set_webhook,
             "getwebhookinfo": self._get_webhook_info,
             "deletewebhook": self._delete_webhook,
@@ -239,6 +261,9 @@ class FakeTelegram:
             return _error(Failure(400, "Bad Request: message text is empty"))
         if len(shown) > MAX_TEXT:
             return _error(Failure(400, "Bad Request: message is too long"))
+        buttons, complaint = _inline_keyboard(params.get("reply_markup"))
+        if complaint:
+            return _error(Failure(400, complaint))
         message_id = len(self.messages) + 1
         self.messages.append(
             {
@@ -247,6 +272,7 @@ class FakeTelegram:
                 "text": shown,
                 "sent": sent,
                 "parse_mode": parse_mode,
+                "buttons": buttons,
             }
         )
         result = {
@@ -256,7 +282,18 @@ class FakeTelegram:
             "date": int(time.time()),
             "text": shown,
         }
+        if buttons:
+            result["reply_markup"] = {"inline_keyboard": buttons}
         return web.json_response({"ok": True, "result": result})
+
+    def _answer_callback_query(self, params: dict[str, Any]) -> web.Response:
+        query_id = str(params.get("callback_query_id") or "")
+        if not query_id:
+            return _error(
+                Failure(400, "Bad Request: query is too old and response timeout expired")
+            )
+        self.answered_callbacks.append({"callback_query_id": query_id, "text": params.get("text")})
+        return web.json_response({"ok": True, "result": True})
 
     def _send_chat_action(self, params: dict[str, Any]) -> web.Response:
         failure = self._scripted(self.action_fail_next, int(params["chat_id"]))

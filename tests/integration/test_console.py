@@ -24,7 +24,7 @@ from core.store.inbox import Inbox
 from core.store.staff import StaffAccounts
 from gateway.admin.console import conversations as conversation_pages
 from gateway.app import create_app
-from gateway.keys import ADMIN
+from gateway.keys import ADMIN, ANSWERING
 from tests.conftest import SECRETS_KEY, MakeSettings
 from tests.support.console import (
     BOT_TOKEN,
@@ -319,6 +319,50 @@ async def test_the_conversation_list_shows_every_channel(console: Console) -> No
     assert re.search(r'class="match">knowledge match \d+%', html)
     # Times are the agent's (Amsterdam is ahead of UTC all year).
     assert re.search(r'<time datetime="[^"]+\+00:00">\d{4}-\d\d-\d\d \d\d:\d\d</time>', html)
+
+
+async def test_the_list_says_what_a_conversation_is_about_from_its_first_exchange(
+    console: Console,
+) -> None:
+    asked = (
+        "Can I return the rain jacket I bought in your Utrecht shop by post instead of "
+        "bringing it back? I have the receipt."
+    )
+    chat = await console.client.post(
+        "/api/v1/agents/shop/chat",
+        json={"message": asked, "session_id": "web-session-0003"},
+        headers={"X-Parley-Key": console.data.agent.widget_key, "Origin": "https://shop.example"},
+    )
+    assert chat.status == 200
+    assert "event: done" in await chat.text()
+    await console.client.server.app[ANSWERING].pipeline.memory.drain()
+    # No model here: the question's first sentence, cut at a word.
+    topic = "Can I return the rain jacket I bought in your Utrecht shop by post instead of…"
+
+    api = await console.client.get("/api/v1/admin/conversations")
+    assert api.status == 200
+    rows = {r["conversation_key"]: r for r in (await api.json())["items"]}
+    row = rows["web-session-0003"]
+    assert (row["topic"], row["summary_line"], row["first_question"]) == (topic, None, asked)
+    # A summary, once there is one, says more: the topic stays behind it.
+    whatsapp = rows[WHATSAPP]
+    assert whatsapp["topic"] == "What does shipping to Belgium cost?"
+    assert whatsapp["summary_line"] == SUMMARY.splitlines()[0]
+
+    html = await console.page("/admin/conversations")
+
+    def about(conversation_id: int) -> str:
+        found = re.search(
+            rf'<tr data-conversation="{conversation_id}">.*?'
+            r'<td data-label="About" class="summary-line">(.*?)</td>',
+            html,
+            re.DOTALL,
+        )
+        assert found is not None, html
+        return found.group(1)
+
+    assert about(row["id"]) == f'<span class="topic">{topic}</span>'
+    assert about(whatsapp["id"]) == SUMMARY.splitlines()[0]
 
 
 async def test_the_conversation_list_filters_and_pages(

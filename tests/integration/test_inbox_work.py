@@ -242,3 +242,54 @@ async def test_the_change_feed_answers_when_a_message_arrives(desk: Desk) -> Non
     assert answer["changed"]
     assert answer["version"] != first["version"]
     assert asyncio.get_running_loop().time() - started < 3  # woken by the feed, not a timer
+
+
+async def test_resolving_records_who_and_when_once_per_resolving(desk: Desk) -> None:
+    marieke = desk.ids["marieke"]
+    started = await desk.pool.fetchval("SELECT now()")
+
+    async def resolutions() -> list[tuple[str, bool]]:
+        rows = await desk.pool.fetch(
+            """SELECT staff, resolved_at BETWEEN $2 AND now() AS just_now
+                 FROM conversation_resolutions WHERE conversation_id = $1 ORDER BY id""",
+            marieke,
+            started,
+        )
+        return [(r["staff"], r["just_now"]) for r in rows]
+
+    await desk.api("POST", f"/conversations/{marieke}/status", json={"status": "pending"})
+    assert await resolutions() == []
+    for _ in range(2):  # resolving what is resolved already is no second resolving
+        done = await desk.api(
+            "POST", f"/conversations/{marieke}/status", json={"status": "resolved"}
+        )
+        assert done["inbox_status"] == "resolved"
+    assert await resolutions() == [("ada@shop.example", True)]
+
+    # The customer writes again (reopened), and it is resolved again: a second resolving.
+    await desk.pool.execute(
+        "INSERT INTO messages (conversation_id, role, text) VALUES ($1, 'visitor', 'Thanks!')",
+        marieke,
+    )
+    await desk.api("POST", f"/conversations/{marieke}/status", json={"status": "resolved"})
+    assert await resolutions() == [("ada@shop.example", True)] * 2
+
+
+async def test_labels_are_listed_per_agent(desk: Desk, use_embedder: UseEmbedder) -> None:
+    help_desk = await Agents(desk.pool).create("help", embedder=EmbedderIdentity.of(use_embedder))
+    other = await _conversation(desk.pool, help_desk.id, "web", "session-help-1", None, [
+        ("visitor", "Is my warranty still valid?"),
+    ])  # fmt: skip
+    await desk.api("POST", f"/conversations/{desk.ids['pieter']}/labels", json={"label": "returns"})
+    await desk.api("POST", f"/conversations/{other}/labels", json={"label": "warranty"})
+
+    assert (await desk.api("GET", "/labels"))["items"] == ["returns", "warranty"]
+    assert (await desk.api("GET", "/labels", params={"agent": "shop"}))["items"] == ["returns"]
+    assert (await desk.api("GET", "/labels", params={"agent": "help"}))["items"] == ["warranty"]
+    await desk.api("GET", "/labels", params={"agent": "nobody"}, status=404)
+
+    # A conversation's page suggests the labels of its own agent only.
+    html = await (await desk.client.get(f"/admin/conversations/{desk.ids['marieke']}")).text()
+    assert '<datalist id="known-labels"><option value="returns"></datalist>' in html
+    html = await (await desk.client.get(f"/admin/conversations/{other}")).text()
+    assert '<datalist id="known-labels"><option value="warranty"></datalist>' in html

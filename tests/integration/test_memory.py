@@ -1,4 +1,4 @@
-"""Conversation memory: recent messages cached and rebuilt, summaries on time, clearing."""
+"""Conversation memory: recent messages cached and rebuilt, summaries on time, topics, clearing."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from core.memory import (
     build_memory,
     catch_up_summaries,
 )
+from core.memory.summary import TOPIC_INSTRUCTIONS
 from core.ports import Cache
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
@@ -41,8 +42,9 @@ from core.store.conversations import Conversations, TurnRecord
 from core.store.inbox import Inbox
 from core.store.knowledge import KnowledgeStore
 from core.store.memory import MemoryStore
+from core.store.transcripts import Transcripts
 from core.store.vector_index import EmbedderIdentity
-from core.turns import CollectingTurnOutput, TurnRequest
+from core.turns import CollectingTurnOutput, TurnEvent, TurnRequest
 from gateway.app import create_app
 from tests.conftest import MakeSettings
 from tests.fakes.openai import FakeOpenAI
@@ -55,6 +57,7 @@ MODEL = "gpt-test"
 REWRITE_MODEL = "rewrite-test"
 SUMMARY_MODEL = "summary-test"
 SUMMARY_TEXT = "Customer wants the Fjord GTX boot in blue.\nStill open: the price."
+TOPIC_TEXT = "Wants the Fjord GTX boot in blue for a trip to Norway"
 ANSWER = "Here is what our website says about that [1]."
 VISITOR = "whatsapp:+31612345678"
 WHATSAPP_FROM = "whatsapp:+14155238886"
@@ -72,33 +75,51 @@ PAGES = [
 ]  # fmt: skip
 
 
+def asks_for_topic(body: dict[str, Any]) -> bool:
+    """A conversation's one-line topic is asked of the summary model too, with its own
+    instructions."""
+    return bool(body["messages"]) and body["messages"][0]["content"] == TOPIC_INSTRUCTIONS
+
+
 def respond(body: dict[str, Any]) -> str:
-    """The fake model: rewrites from what it is sent, fixed notes and answers otherwise."""
+    """The fake model: rewrites from what it is sent, fixed notes, topic and answers otherwise."""
     if body["model"] == REWRITE_MODEL:
         content = body["messages"][-1]["content"]
         said = re.findall(r"^visitor: (.+)$", content, re.MULTILINE)
         last = content.rsplit("Last message: ", 1)[-1]
         return " ".join([*said, last])  # only what the conversation it was given said
     if body["model"] == SUMMARY_MODEL:
-        return SUMMARY_TEXT
+        # As models write it: a label and quotes, which the topic is stored without.
+        return f'Topic: "{TOPIC_TEXT}"' if asks_for_topic(body) else SUMMARY_TEXT
     return ANSWER
 
 
 @dataclass
 class HoldingOpenAI(FakeOpenAI):
-    """The fake LLM, holding summary requests back while ``hold`` is set and not released."""
+    """The fake LLM, holding summary requests back while ``hold`` is set and not released,
+    and topic requests while ``hold_topics`` is."""
 
     hold: asyncio.Event | None = None
     held: asyncio.Event = field(default_factory=asyncio.Event)
+    hold_topics: asyncio.Event | None = None
+    topic_held: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        if self.hold is not None and body.get("model") == SUMMARY_MODEL:
+        if asks_for_topic(body):
+            if self.hold_topics is not None:
+                self.topic_held.set()
+                await self.hold_topics.wait()
+        elif self.hold is not None and body.get("model") == SUMMARY_MODEL:
             self.held.set()
             await self.hold.wait()
         return await super()._answer(request, body)
 
     def requests_for(self, model: str) -> list[dict[str, Any]]:
-        return [r for r in self.chat_requests if r["model"] == model]
+        """What ``model`` was asked, but for topics (`topic_requests`)."""
+        return [r for r in self.chat_requests if r["model"] == model and not asks_for_topic(r)]
+
+    def topic_requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.chat_requests if asks_for_topic(r)]
 
 
 async def _shop(database: Database, embedder: UseEmbedder, tmp_path: Path) -> Agent:
@@ -117,8 +138,9 @@ async def fake() -> AsyncIterator[tuple[HoldingOpenAI, str]]:
     server = TestServer(server_state.app())
     await server.start_server()
     yield server_state, str(server.make_url("/v1"))
-    if server_state.hold is not None:
-        server_state.hold.set()  # let a held request end before the server closes
+    for hold in (server_state.hold, server_state.hold_topics):
+        if hold is not None:
+            hold.set()  # let a held request end before the server closes
     await server.close()
 
 
@@ -330,6 +352,64 @@ async def test_a_summary_finishing_after_a_clear_is_thrown_away(
     assert SUMMARY_TEXT not in answer["messages"][0]["content"]
     assert (await rig.trace(after["turn_id"]))["memory"]["messages"] == 0
     assert after["conversation_id"] == conversation_id
+
+
+@dataclass
+class WatchingOutput(CollectingTurnOutput):
+    """A turn's events, and at `done` what there was of the conversation's topic by then:
+    (the stored topic, how many topic requests the model had had)."""
+
+    rig: Rig | None = None
+    at_done: tuple[str | None, int] | None = None
+
+    async def emit(self, event: TurnEvent) -> None:
+        await super().emit(event)
+        if event.kind == "done" and self.rig is not None:
+            topic = await self.rig.database.pool.fetchval(
+                "SELECT topic FROM conversations WHERE id = $1", event.data["conversation_id"]
+            )
+            self.at_done = (topic, len(self.rig.fake.topic_requests()))
+
+
+async def test_the_model_names_a_conversation_once_its_first_exchange_is_answered(
+    redis_rig: Rig,
+) -> None:
+    rig = redis_rig
+    asked = "Hi! Do you have the Fjord GTX boot in blue? I need it for a trip to Norway."
+    output = WatchingOutput(rig=rig)
+    request = TurnRequest(agent="shop", channel="test", conversation_key="topic-1", text=asked)
+    rig.fake.hold_topics = asyncio.Event()
+    # The turn ends while the model has not answered for the topic: nothing waits for it.
+    await asyncio.wait_for(rig.pipeline.run(request, output), timeout=60)
+    assert output.done is not None, output.error
+    assert output.events[-1].kind == "done"
+    # The answer was done before the topic was asked for, let alone written.
+    assert output.at_done == (None, 0)
+    await asyncio.wait_for(rig.fake.topic_held.wait(), timeout=10)
+    conversation_id = output.done["conversation_id"]
+    waiting = await Transcripts(rig.database.pool).row(conversation_id)
+    assert (waiting.topic, waiting.first_question) == (None, asked)  # the list shows this meanwhile
+
+    rig.fake.hold_topics.set()
+    await rig.memory.drain()
+    [topic_request] = rig.fake.topic_requests()
+    assert topic_request["model"] == SUMMARY_MODEL
+    assert topic_request["temperature"] == 0
+    assert topic_request["max_tokens"] <= 60
+    system, exchange = topic_request["messages"]
+    assert "one short line, at most 80 characters" in system["content"]
+    assert "language of the conversation" in system["content"]
+    assert f"customer: {asked}\nassistant: {ANSWER}" in exchange["content"]  # the first exchange
+    row = await Transcripts(rig.database.pool).row(conversation_id)
+    assert (row.topic, row.summary_line) == (TOPIC_TEXT, None)
+
+    # Named once: neither a later turn nor clearing the memory renames it.
+    await rig.ask("Which colours does the Fjord GTX boot come in?", key="topic-1")
+    assert await rig.memory.clear(rig.agent.id, "test", "topic-1")
+    await rig.ask("Do you sell gift cards for the shop?", key="topic-1")
+    await rig.memory.drain()
+    assert len(rig.fake.topic_requests()) == 1
+    assert (await Transcripts(rig.database.pool).row(conversation_id)).topic == TOPIC_TEXT
 
 
 async def test_the_summary_is_due_at_exactly_eighteen_messages(

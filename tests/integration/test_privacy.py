@@ -27,6 +27,7 @@ from core.ports import Cache
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store.agents import Agents
+from core.store.inbox_work import InboxWork
 from core.store.knowledge import KnowledgeStore
 from core.store.staff import StaffAccounts
 from core.store.vector_index import EmbedderIdentity
@@ -83,8 +84,9 @@ async def shop(make_settings: MakeSettings, use_embedder: UseEmbedder) -> AsyncI
 
 
 async def _customer(shop: Shop, agent: str, channel: str, key: str) -> int:
-    """A conversation as the pipeline leaves it: turn with trace, messages, summary, a content
-    gap, feedback, inbox and outbox rows and cached memory, all quoting the customer."""
+    """A conversation as the pipeline and staff leave it: turn with trace, messages, summary,
+    a content gap, feedback, inbox and outbox rows, a resolving and cached memory, all quoting
+    the customer."""
     pool = shop.pool
     agent_id = await pool.fetchval("SELECT id FROM agents WHERE slug = $1", agent)
     question = f"Where is my parcel ({channel}), says {key}?"
@@ -156,6 +158,7 @@ async def _customer(shop: Shop, agent: str, channel: str, key: str) -> int:
         conversation,
         key,
     )
+    await InboxWork(pool).set_status(conversation, "resolved", "ada@shop.example")
     await shop.cache.set(f"memory:{conversation}", "0", ttl=600)
     await shop.cache.set(f"memory:{conversation}:0:summary", json.dumps({"text": key}), ttl=600)
     return int(conversation)
@@ -178,6 +181,8 @@ async def _held(pool: asyncpg.Pool, agent: str, channel: str, key: str) -> dict[
         "AND question = 'Where is my parcel (' || $2 || '), says ' || $3 || '?'",
         "feedback": "SELECT count(*) FROM feedback WHERE agent_id = $1 AND channel = $2 "
         "AND comment = 'not helpful, ' || $3",
+        "resolutions": "SELECT count(*) FROM conversation_resolutions "
+        f"WHERE conversation_id IN {ids}",
     }.items():
         counts[name] = await pool.fetchval(sql, agent_id, channel, key)
     return counts
@@ -231,6 +236,10 @@ async def test_erase_removes_one_customer_everywhere_and_the_audit_names_no_one(
         assert answer["media"] == "none stored"
         assert set((await _held(pool, "shop", channel, key)).values()) == {0}
         conversation = erased_ids[channel]
+        assert not await pool.fetchval(
+            "SELECT count(*) FROM conversation_resolutions WHERE conversation_id = $1",
+            conversation,
+        )
         assert await shop.cache.get(f"memory:{conversation}") is None
         assert await shop.cache.get(f"memory:{conversation}:0:summary") is None
 
@@ -239,7 +248,7 @@ async def test_erase_removes_one_customer_everywhere_and_the_audit_names_no_one(
         held = await _held(pool, agent_slug, channel, key)
         assert held == {
             "conversations": 1, "messages": 2, "turns": 1, "inbox": 1, "outbox": 1, "gaps": 1,
-            "feedback": 1,
+            "feedback": 1, "resolutions": 1,
         }, (agent_slug, channel, key)  # fmt: skip
     for conversation in kept_ids:
         assert await shop.cache.get(f"memory:{conversation}") == "0"

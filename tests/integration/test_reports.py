@@ -17,6 +17,7 @@ from core.keyring import Keyring
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agents, Database
+from core.store.inbox_work import InboxWork
 from core.store.staff import StaffAccounts
 from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
@@ -84,6 +85,19 @@ class History:
             await self.message(conversation, "assistant", answer, moment.replace("Z", ".5Z"), turn)
         return turn
 
+    async def resolve(self, conversation: int, staff: str, moment: str) -> None:
+        """Resolved as staff resolve it (the store's own set_status), then dated back."""
+        last = await self.pool.fetchval("SELECT coalesce(max(id), 0) FROM conversation_resolutions")
+        await InboxWork(self.pool).set_status(conversation, "resolved", staff)
+        moved = await self.pool.execute(
+            """UPDATE conversation_resolutions SET resolved_at = $3
+                WHERE conversation_id = $1 AND id > $2""",
+            conversation,
+            last,
+            at(moment),
+        )
+        assert moved == "UPDATE 1", f"resolving {conversation} recorded nothing"
+
     async def feedback(self, turn: int, rating: str, moment: str) -> None:
         await self.pool.execute(
             """INSERT INTO feedback (agent_id, conversation_id, turn_id, channel, rating, created_at)
@@ -103,29 +117,36 @@ async def seed_history(pool: asyncpg.Pool, agent_id: int) -> None:
     await h.feedback(t1, "up", "2026-03-02T09:01:00Z")
     await h.feedback(t2, "down", "2026-03-02T09:06:00Z")
     # Telegram: asks for a person at 00:30 on 3 March in Amsterdam (still 2 March in UTC);
-    # staff answer ten minutes later and hand back in the morning.
+    # staff answer ten minutes later and hand back in the morning: not resolved.
     b = await h.conversation("telegram", "777000111")
     await h.turn(b, "I want to talk to a human", "2026-03-02T23:30:00Z", mode="handoff")
     await h.message(b, "system", "waiting_for_staff", "2026-03-02T23:30:01Z")
     await h.message(b, "system", "staff", "2026-03-02T23:39:59Z")
     await h.message(b, "staff", "Hi, Sam here.", "2026-03-02T23:40:00Z")
     await h.message(b, "system", "bot", "2026-03-03T10:00:00Z")
-    # Website: one question on 3 March, one (answered without a model) on 4 March.
+    # Website: one question on 3 March, resolved; the customer writes again on 4 March (which
+    # reopens it), the answer comes without a model, and it is resolved again that day.
     c = await h.conversation("web", "web-session-1")
     t4 = await h.turn(c, "Do you repair bicycles?", "2026-03-03T12:00:00Z", first_token=1000)
     await h.feedback(t4, "up", "2026-03-03T12:01:00Z")
+    await h.resolve(c, "ada@shop.example", "2026-03-03T12:30:00Z")
     await h.turn(c, "Opening hours?", "2026-03-04T08:00:00Z", mode="extractive")
-    # Website, 4 March: answered, taken over, a message held for staff, staff reply 3 min on.
+    await h.resolve(c, "sam@shop.example", "2026-03-04T08:10:00Z")
+    # Website, 4 March: answered, taken over, a message held for staff, staff reply 3 min on
+    # and resolve it.
     f = await h.conversation("web", "web-session-2")
     await h.turn(f, "Where is my order?", "2026-03-04T09:00:00Z", first_token=600)
     await h.message(f, "system", "staff", "2026-03-04T09:01:00Z")
     await h.turn(f, "Order 1234", "2026-03-04T09:02:00Z", mode="staff", answer=None)
     await h.message(f, "staff", "It ships today.", "2026-03-04T09:05:00Z")
-    # Not counted: a playground chat in the period, and a customer after it.
+    await h.resolve(f, "sam@shop.example", "2026-03-04T09:06:00Z")
+    # Not counted: a playground chat in the period, and a customer after it (resolved then).
     p = await h.conversation("playground", "playground-1")
     await h.turn(p, "Test question", "2026-03-03T12:00:00Z", first_token=5)
+    await h.resolve(p, "ada@shop.example", "2026-03-03T12:05:00Z")
     late = await h.conversation("whatsapp", "whatsapp:+31600000002")
     await h.turn(late, "Late question", "2026-03-10T12:00:00Z", first_token=9000)
+    await h.resolve(late, "ada@shop.example", "2026-03-10T12:05:00Z")
     # Content gaps: one asked in the period, one long before it.
     await pool.execute(
         """INSERT INTO content_gaps (agent_id, question, reason, created_at)
@@ -187,7 +208,7 @@ async def test_report_figures_per_day_and_channel(reporting: Reporting) -> None:
     assert (report["first_day"], report["last_day"]) == ("2026-03-02", "2026-03-04")
     assert report["timezone"] == "Europe/Amsterdam"
     assert report["feedback_recorded"] is True
-    assert report["resolved_by"] == "handback"
+    assert "resolved_by" not in report
     assert report["channels"] == [
         {"name": "whatsapp", "title": BY_NAME["whatsapp"].title},
         {"name": "telegram", "title": "Telegram"},
@@ -197,14 +218,17 @@ async def test_report_figures_per_day_and_channel(reporting: Reporting) -> None:
     assert days == {
         ("2026-03-02", "whatsapp"): _figures(1, 2, 1, 0, 0, 1, 1, 0.5, 300, 380, None),
         # 00:30 in Amsterdam is 3 March there, though still 2 March in UTC
-        ("2026-03-03", "telegram"): _figures(1, 1, 0, 1, 1, 0, 0, None, None, None, 600),
-        ("2026-03-03", "web"): _figures(1, 1, 1, 0, 0, 1, 0, 1.0, 1000, 1000, None),
-        ("2026-03-04", "web"): _figures(2, 2, 1, 1, 0, 0, 0, None, 600, 600, 180),
+        # handed back to the bot, never resolved: not counted as resolved
+        ("2026-03-03", "telegram"): _figures(1, 1, 0, 1, 0, 0, 0, None, None, None, 600),
+        ("2026-03-03", "web"): _figures(1, 1, 1, 0, 1, 1, 0, 1.0, 1000, 1000, None),
+        # resolved again: counted on this day too
+        ("2026-03-04", "web"): _figures(2, 2, 1, 1, 2, 0, 0, None, 600, 600, 180),
     }
     per_channel = {c["channel"]: _row(c) for c in report["per_channel"]}
-    assert per_channel["web"] == _figures(2, 3, 1, 1, 0, 1, 0, 1.0, 800, 960, 180)
+    assert per_channel["web"] == _figures(2, 3, 1, 1, 2, 1, 0, 1.0, 800, 960, 180)
+    assert per_channel["telegram"]["resolved"] == 0
     total = _row(report["total"])
-    assert total == {**_figures(4, 6, 2, 2, 1, 2, 1, total["thumbs_up_rate"], 500, 880, 390)}
+    assert total == {**_figures(4, 6, 2, 2, 2, 2, 1, total["thumbs_up_rate"], 500, 880, 390)}
     assert total["thumbs_up_rate"] == pytest.approx(2 / 3)
     assert [g["question"] for g in report["gaps"]] == ["Do you repair bicycles?"]
 
@@ -223,6 +247,9 @@ async def test_report_figures_per_day_and_channel(reporting: Reporting) -> None:
         '<td class="num">2</td><td class="num">4</td>' in summary  # fmt: skip
     assert '<th scope="row">Thumbs up rate</th><td class="num">50%</td><td class="num">–</td>' \
         '<td class="num">100%</td><td class="num">67%</td>' in summary  # fmt: skip
+    assert '<th scope="row">Resolved</th><td class="num">0</td><td class="num">0</td>' \
+        '<td class="num">2</td><td class="num">2</td>' in summary  # fmt: skip
+    assert "handed back" not in html
     assert "Do you repair bicycles?" in html
     assert "Do you sell kayaks?" not in html
 

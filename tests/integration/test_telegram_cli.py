@@ -101,7 +101,7 @@ async def test_set_webhook_registers_the_public_url_and_secret(setup: Setup) -> 
     [sent] = _params(setup.fake, "setWebhook")
     assert sent["url"] == f"{PUBLIC_URL}/webhooks/telegram/shop"
     assert sent["secret_token"] == SECRET
-    assert json.loads(sent["allowed_updates"]) == ["message"]
+    assert json.loads(sent["allowed_updates"]) == ["message", "callback_query"]
     assert (sent["max_connections"], sent["drop_pending_updates"]) == ("40", "false")
     assert setup.fake.webhook is not None
     assert setup.fake.webhook["url"] == f"{PUBLIC_URL}/webhooks/telegram/shop"
@@ -229,7 +229,7 @@ async def test_poll_stores_updates_like_the_webhook_and_stops_on_sigterm(setup: 
     assert "Waar blijft" not in err
     polls = _params(setup.fake, "getUpdates")
     assert {p["timeout"] for p in polls if p.get("limit") == "100"} == {"25"}
-    assert json.loads(polls[0]["allowed_updates"]) == ["message"]
+    assert json.loads(polls[0]["allowed_updates"]) == ["message", "callback_query"]
     assert "offset" not in polls[0]
     assert polls[1]["offset"] == "800005"
     assert setup.fake.pending == []  # every update was confirmed

@@ -39,6 +39,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("core.retrieval",),
     ("core.memory",),
     ("core.answer",),
+    ("core.feedback",),
     ("core.jobs",),
 )
 LEVEL = {unit: level for level, layer in enumerate(CORE_LAYERS) for unit in layer}

@@ -129,6 +129,7 @@ def _settings_values(agent: AgentOut) -> dict[str, Any]:
         "contact_route": agent.contact_route,
         "allowed_origins": "\n".join(agent.allowed_origins),
         "handoff_enabled": agent.handoff_enabled,
+        "feedback_prompt": agent.feedback_prompt,
     }
     for day, shown in _hours_shown(agent.business_hours).items():
         values[f"hours_{day}"] = shown
@@ -371,6 +372,7 @@ async def save_settings_action(request: web.Request) -> web.StreamResponse:
     languages = _languages(agent)
     values: dict[str, Any] = {k: v for k, v in data.items() if isinstance(v, str)}
     values["handoff_enabled"] = checked(data, "handoff_enabled")
+    values["feedback_prompt"] = checked(data, "feedback_prompt")
     try:
         body = validated(
             AgentPatch,
@@ -387,6 +389,7 @@ async def save_settings_action(request: web.Request) -> web.StreamResponse:
                 "handoff_enabled": checked(data, "handoff_enabled"),
                 "handoff_text": _texts(data, "handoff_text", languages),
                 "out_of_hours_text": _texts(data, "out_of_hours_text", languages),
+                "feedback_prompt": checked(data, "feedback_prompt"),
             },
             _SETTINGS_LABELS,
         )

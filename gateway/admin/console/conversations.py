@@ -25,6 +25,7 @@ from gateway.admin.api import (
     take_over,
 )
 from gateway.admin.console.inbox_work import inbox_work_context
+from gateway.admin.console.privacy import customer_link
 from gateway.admin.console.render import (
     CHANNEL_NAMES,
     Route,
@@ -181,7 +182,7 @@ async def _conversation_page(
 ) -> web.Response:
     detail = await admin(request).transcripts.get(_conversation_id(request))
     agent = await admin(request).agents.get(detail.conversation.agent)
-    work = await inbox_work_context(request)
+    work = await inbox_work_context(request, detail.conversation.agent)
     traces: dict[int, TurnTrace] = {t.id: t for t in detail.turns}
     channel = detail.conversation.channel
     templates = await run(conversation_templates, request, ConversationTemplatesOut)
@@ -211,6 +212,9 @@ async def _conversation_page(
         chosen=chosen,
         values=values,
         previews=_previews(templates.items, chosen, values),
+        privacy_link=customer_link(
+            request, agent.slug, channel, detail.conversation.conversation_key
+        ),
         **work,
     )
 

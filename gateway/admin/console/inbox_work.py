@@ -28,9 +28,12 @@ from gateway.middlewares import status_for
 LIST = "/admin/conversations"
 
 
-async def inbox_work_context(request: web.Request) -> dict[str, Any]:
-    """What the conversation page shows of the inbox work: notes, teammates, saved replies."""
+async def inbox_work_context(request: web.Request, agent: str) -> dict[str, Any]:
+    """What the conversation page shows of the inbox work: notes, teammates, saved replies,
+    and the labels to suggest: those on the conversation's agent's (``agent``, a slug)."""
+    labels = ops.LabelsQuery(agent=agent)
     return {
+        "known_labels": (await run(ops.labels, request, ops.LabelsOut, query=labels)).items,
         "notes": (await run(ops.list_notes, request, ops.NoteList)).items,
         "teammates": (await run(ops.teammates, request, ops.TeammateList)).items,
         "saved_replies": (
@@ -114,18 +117,25 @@ async def typing_action(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@page
-async def saved_replies_page(request: web.Request) -> web.StreamResponse:
-    agent = await call(request).agent()
+async def _saved_replies_page(
+    request: web.Request, *, error: str | None = None, status: int = 200
+) -> web.Response:
     replies = await run(ops.list_saved_replies, request, ops.SavedReplyList)
     return await render(
         request,
         "admin/saved_replies.html",
         title="Saved replies",
-        agent=agent,
+        agent=await call(request).agent(),
         section="conversations",
         replies=replies.items,
+        error=error,
+        status=status,
     )
+
+
+@page
+async def saved_replies_page(request: web.Request) -> web.StreamResponse:
+    return await _saved_replies_page(request)
 
 
 async def saved_reply_action(request: web.Request) -> web.StreamResponse:
@@ -139,18 +149,19 @@ async def saved_reply_action(request: web.Request) -> web.StreamResponse:
         )
         await ops.create_saved_reply(call(request, body=body))
     except ParleyError as exc:
-        replies = await run(ops.list_saved_replies, request, ops.SavedReplyList)
-        return await render(
-            request,
-            "admin/saved_replies.html",
-            title="Saved replies",
-            agent=await call(request).agent(),
-            section="conversations",
-            replies=replies.items,
-            error=exc.message,
-            status=status_for(exc),
-        )
+        return await _saved_replies_page(request, error=exc.message, status=status_for(exc))
     raise redirect(f"/admin/agents/{agent}/saved-replies", "saved-reply-added")
+
+
+@page
+async def delete_saved_reply_action(request: web.Request) -> web.StreamResponse:
+    agent = request.match_info["agent"]
+    try:
+        await ops.delete_saved_reply(call(request))
+    except ParleyError as exc:
+        # Deleted already (another tab, a second click): the list as it is now says so.
+        return await _saved_replies_page(request, error=exc.message, status=status_for(exc))
+    raise redirect(f"/admin/agents/{agent}/saved-replies", "saved-reply-deleted")
 
 
 def routes() -> list[Route]:
@@ -163,4 +174,10 @@ def routes() -> list[Route]:
         route("POST", one + "/typing", typing_action, role="agent"),
         route("GET", "/admin/agents/{agent}/saved-replies", saved_replies_page, role="agent"),
         route("POST", "/admin/agents/{agent}/saved-replies", saved_reply_action, role="agent"),
+        route(
+            "POST",
+            r"/admin/agents/{agent}/saved-replies/{id:\d+}/delete",
+            delete_saved_reply_action,
+            role="agent",
+        ),
     ]

@@ -10,7 +10,9 @@ from aiohttp import web
 from channels.registry import channel_names
 from core.errors import InvalidInput, ParleyError
 from core.settings import Settings
+from core.store.staff import Role
 from gateway.admin.api import erase_customer, export_customer
+from gateway.admin.auth import current_staff
 from gateway.admin.console.render import (
     CHANNEL_NAMES,
     Route,
@@ -22,6 +24,7 @@ from gateway.admin.console.render import (
     render,
     route,
     text,
+    url_with,
     validated,
 )
 from gateway.admin.schemas import (
@@ -33,6 +36,18 @@ from gateway.admin.schemas import (
 from gateway.middlewares import status_for
 
 _LABELS = {"channel": "Channel", "id": "Customer id"}
+PAGE = "/admin/agents/{agent}/privacy"
+# Erasing and exporting customers' data is an admin's work, as in the admin API.
+ROLE: Role = "admin"
+
+
+def customer_link(request: web.Request, agent: str, channel: str, customer: str) -> str | None:
+    """The privacy page with this customer filled in (``channel`` and ``id`` in its query),
+    for staff whose role may use it; None for the others, and for a channel the page does
+    not offer (the playground, answer checks)."""
+    if not current_staff(request).may(ROLE) or channel not in channel_names():
+        return None
+    return url_with(PAGE.format(agent=agent), {"channel": channel, "id": customer})
 
 
 def retention_line(settings: Settings) -> str:
@@ -126,10 +141,8 @@ async def erase_action(request: web.Request) -> web.StreamResponse:
 
 
 def routes() -> list[Route]:
-    # Erasing and exporting customers' data is an admin's work, as in the admin API.
-    path = "/admin/agents/{agent}/privacy"
     return [
-        route("GET", path, privacy_page),
-        route("GET", path + "/export", export_download),
-        route("POST", path + "/erase", erase_action),
+        route("GET", PAGE, privacy_page, role=ROLE),
+        route("GET", PAGE + "/export", export_download, role=ROLE),
+        route("POST", PAGE + "/erase", erase_action, role=ROLE),
     ]

@@ -70,6 +70,7 @@ NOTICES = {
     "labelled": "Labels changed.",
     "noted": "Note added; only staff see it.",
     "saved-reply-added": "Reply saved.",
+    "saved-reply-deleted": "Saved reply deleted.",
 }
 
 # Each page sends these: the console shows conversations and settings, so no other site may

@@ -53,19 +53,17 @@ def _seconds(value: float) -> str:
     return f"{value / 60:.1f} min" if value >= 90 else f"{round(value)} s"
 
 
-def figures(resolved_by: str) -> tuple[Figure, ...]:
-    resolved = "Resolved (handed back to the bot)" if resolved_by == "handback" else "Resolved"
-    return (
-        Figure("conversations", "Conversations", True, _count),
-        Figure("questions", "Questions answered by the bot", True, _count),
-        Figure("deflected", "Answered by the bot alone (no handoff)", True, _count),
-        Figure("handed_to_staff", "Handed to staff", True, _count),
-        Figure("resolved", resolved, True, _count),
-        Figure("thumbs_up_rate", "Thumbs up rate", False, _percent),
-        Figure("first_token_ms_median", "Time to first token, median", False, _ms),
-        Figure("first_token_ms_p90", "Time to first token, 90th percentile", False, _ms),
-        Figure("staff_first_response_s_median", "Staff first response, median", False, _seconds),
-    )
+FIGURES = (
+    Figure("conversations", "Conversations", True, _count),
+    Figure("questions", "Questions answered by the bot", True, _count),
+    Figure("deflected", "Answered by the bot alone (no handoff)", True, _count),
+    Figure("handed_to_staff", "Handed to staff", True, _count),
+    Figure("resolved", "Resolved", True, _count),
+    Figure("thumbs_up_rate", "Thumbs up rate", False, _percent),
+    Figure("first_token_ms_median", "Time to first token, median", False, _ms),
+    Figure("first_token_ms_p90", "Time to first token, 90th percentile", False, _ms),
+    Figure("staff_first_response_s_median", "Staff first response, median", False, _seconds),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +262,7 @@ async def reports_page(request: web.Request) -> web.StreamResponse:
             status=status, error=message, **empty,
         )  # fmt: skip
     agent = next(a for a in agents if a.slug == report.agent)
-    shown = [f for f in figures(report.resolved_by)]
+    shown = list(FIGURES)
     if not report.feedback_recorded:
         shown = [f for f in shown if f.key != "thumbs_up_rate"]
     return await render(
@@ -275,7 +273,6 @@ async def reports_page(request: web.Request) -> web.StreamResponse:
         report=report,
         asked={**asked, "from": report.first_day.isoformat(), "to": report.last_day.isoformat()},
         charts=[chart(report, f) for f in shown],
-        figures=figures(report.resolved_by),
         legend=_legend(report),
         agent_name=agent.name,
         chart_box=(WIDTH, HEIGHT, LEFT, TOP, HEIGHT - BOTTOM),
