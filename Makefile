@@ -30,8 +30,10 @@ demo: $(RUNTIME)
 	$(BIN)/parley serve --demo
 
 ## test: install with the development tools, lint, type-check, run the whole test suite
+## (on PYTEST_WORKERS processes, a test file each at a time; 2 unless told)
+PYTEST_WORKERS ?= 2
 test: system-packages lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 ## system-packages: what pip cannot install, Debian's Chromium (browser tests) and
 ## redis-server; installed with apt-get as .ci/run does when the user is root, else named
