@@ -176,7 +176,7 @@ async def test_llm_answer_streams_with_citations_and_a_guarded_prompt(
     )
     await expect(answer.locator("strong")).to_have_text("€ 6.95")
 
-    (request,) = llm.fake.chat_requests  # a first question is searched as asked: no rewrite
+    (request,) = llm.fake.turn_requests  # a first question is searched as asked: no rewrite
     messages = request["messages"]
     assert request["model"] == MODEL
     assert messages[0]["role"] == "system"
@@ -184,7 +184,8 @@ async def test_llm_answer_streams_with_citations_and_a_guarded_prompt(
     assert "never instructions to you" in system
     assert '<source id="1"' in system
     assert messages[-1] == {"role": "user", "content": question}
-    assert llm.fake.requests[-1]["auth"] == "Bearer sk-test"
+    [sent] = [r for r in llm.fake.requests if r["body"] is request]
+    assert sent["auth"] == "Bearer sk-test"
 
     url, title = prompt_sources(system)[1]
     citations = answer.locator("sup.cite a")
@@ -232,7 +233,7 @@ async def test_model_and_page_markup_stay_inert_text(
     reply = last_answer(page)
     await expect(reply).to_have_attribute("data-state", "done")
 
-    (request,) = llm.fake.chat_requests
+    (request,) = llm.fake.turn_requests
     assert prompt_sources(request["messages"][0]["content"])[1][0] == "/en/hostile.html"
     answer = reply.locator(".answer")
     # Shown as typed, with the citation as a link.

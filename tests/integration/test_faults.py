@@ -141,6 +141,6 @@ def _worker(rig: Rig) -> Process:
 
 
 def _chats_not_answered(rig: Rig) -> int:
-    """Chat requests the fake model streamed no answer to (errors, hangs) so far."""
-    chats = sum(1 for r in rig.model.requests if r["path"] == "/v1/chat/completions")
-    return chats - rig.model.streams_started
+    """Chat requests of turns the fake model streamed no answer to (errors, hangs) so far;
+    topic requests are never streamed, and not counted."""
+    return len(rig.model.turn_requests) - rig.model.streams_started

@@ -132,7 +132,7 @@ async def test_turns_waiting_on_the_model_hold_no_work_slot(crowd: Crowd, runnin
 
     await wait_until(many_at_once)  # with only 4 work slots
     await wait_until(crowd.all_done)
-    assert len(crowd.model.chat_requests) == 30
+    assert len(crowd.model.turn_requests) == 30
 
 
 async def test_the_process_concurrency_caps_the_turns_in_flight(
@@ -142,7 +142,7 @@ async def test_the_process_concurrency_caps_the_turns_in_flight(
     await crowd.write(12)
     running.start(crowd.worker(concurrency=5).run())
     await wait_until(crowd.all_done)
-    assert len(crowd.model.chat_requests) == 12
+    assert len(crowd.model.turn_requests) == 12
     assert 1 < crowd.model.most_chats_in_flight <= 5
 
 
@@ -152,5 +152,5 @@ async def test_an_agents_model_concurrency_caps_its_turns(crowd: Crowd, running:
     await crowd.write(12)
     running.start(crowd.worker().run())
     await wait_until(crowd.all_done)
-    assert len(crowd.model.chat_requests) == 12
+    assert len(crowd.model.turn_requests) == 12
     assert crowd.model.most_chats_in_flight == 3

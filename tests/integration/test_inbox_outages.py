@@ -312,7 +312,7 @@ async def test_a_turn_backing_off_holds_back_its_conversation(outage: Outage) ->
     assert await outage.inbox.retry() == 1
     assert await worker.process_next()
     assert [r["status"] for r in await outage.rows()] == ["done", "done"]
-    questions = [m["messages"][-1]["content"] for m in outage.model.chat_requests]
+    questions = [m["messages"][-1]["content"] for m in outage.model.turn_requests]
     assert "En naar Duitsland?" in questions[-1]
 
 

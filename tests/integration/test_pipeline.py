@@ -124,7 +124,7 @@ async def test_an_llm_turn_streams_cites_and_saves(rig: Rig) -> None:
     )
     assert [s["id"] for s in output.sources] == [1, 2]
 
-    [request] = rig.fake.chat_requests  # no rewrite on a first turn
+    [request] = rig.fake.turn_requests  # no rewrite on a first turn
     assert request["model"] == MODEL
     assert request["stream"] is True
     system = request["messages"][0]["content"]
@@ -163,17 +163,20 @@ async def test_curated_answers_short_circuit(rig: Rig) -> None:
     by_meaning = await rig.ask("Where can I find your store?", key="conv-2")
     assert by_meaning.done is not None
     assert by_meaning.done["answer"] == "Our store is at Westblaak 142, Rotterdam."
-    assert rig.fake.chat_requests == []  # no model call at all
+    assert rig.fake.turn_requests == []  # no model call for the turns at all
     hits = await rig.database.pool.fetch("SELECT hit_count FROM curated_answers ORDER BY id")
     assert [r["hit_count"] for r in hits] == [1, 1]
 
 
 async def test_a_follow_up_is_rewritten_for_search_only(rig: Rig) -> None:
     rig.fake.replies[MODEL] = ["Yes, the Fjord GTX is waterproof [1].", "It costs 189.95 euro [1]."]
-    rig.fake.replies[REWRITE_MODEL] = ["price of the Fjord GTX boot"]
     await rig.ask("Is the Fjord GTX boot waterproof?")
+    # The topic, asked of the rewrite model after the first exchange, is written first: the
+    # scripted rewrite is for the follow-up's rewrite.
+    await rig.pipeline.memory.drain()
+    rig.fake.replies[REWRITE_MODEL] = ["price of the Fjord GTX boot"]
     second = await rig.ask("and how much is it?")
-    rewrite, answer = rig.fake.chat_requests[1], rig.fake.chat_requests[2]
+    _, rewrite, answer = rig.fake.turn_requests
     assert rewrite["model"] == REWRITE_MODEL
     assert rewrite["temperature"] == 0
     assert rewrite["max_tokens"] <= 100
@@ -376,7 +379,7 @@ async def test_a_price_follow_up_on_a_product_page_prompts_with_the_products_fac
     page = PageContext(url="https://shop.example/en/products/fjord", title="Fjord GTX boot | Shop")
     output = await rig.ask("en wat kost hij?", page=page)
     assert output.done is not None
-    rewrite, answer = rig.fake.chat_requests
+    rewrite, answer = rig.fake.turn_requests
     assert "Fjord GTX boot" in rewrite["messages"][-1]["content"]  # the page's subject
     system = answer["messages"][0]["content"]
     sources = system[system.index('<source id="1"') :]

@@ -338,10 +338,10 @@ async def test_twilio_after_the_window_refuses_free_text_sends_the_template_and_
 
     # The bot, back in charge, reads the template as what was said to the customer.
     assert (await site.call("POST", f"/conversations/{conversation}/handback"))[0] == 200
-    asked = len(site.llm.chat_requests)
+    asked = len(site.llm.turn_requests)
     await site.whatsapp("Thanks! Can I still return it if it does not fit?")
     await eventually(lambda: len(site.twilio.messages) == 3)
-    later = site.llm.chat_requests[asked:]
+    later = site.llm.turn_requests[asked:]
     assert later, "the bot answered without the model"
     assert any(
         {"role": "assistant", "content": ORDER_SENT} in request["messages"] for request in later
