@@ -363,6 +363,10 @@ async def test_the_list_says_what_a_conversation_is_about_from_its_first_exchang
 
     assert about(row["id"]) == f'<span class="topic">{topic}</span>'
     assert about(whatsapp["id"]) == SUMMARY.splitlines()[0]
+    # The conversation's own page says it too, until a summary takes its place.
+    page = await console.page(f"/admin/conversations/{row['id']}")
+    assert f'<div class="summary-text topic"><p>{topic}</p></div>' in page
+    assert "No summary yet" not in page
 
 
 async def test_the_conversation_list_filters_and_pages(
