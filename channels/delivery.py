@@ -51,7 +51,8 @@ async def keep_typing(
             if exc.permanent:
                 return
         try:
-            await asyncio.wait_for(until.wait(), interval)
+            async with asyncio.timeout(interval):
+                await until.wait()
         except TimeoutError:
             continue
 

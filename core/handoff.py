@@ -231,7 +231,8 @@ class Follower:
     async def wait(self, within: float) -> bool:
         """True when woken within ``within`` seconds (or the feed closed), else False."""
         try:
-            await asyncio.wait_for(self._woken.wait(), within)
+            async with asyncio.timeout(within):
+                await self._woken.wait()
         except TimeoutError:
             return False
         self._woken.clear()

@@ -241,8 +241,11 @@ class InboxWorker:
                     self._full = False
                 if self._full:
                     # Stopped for want of a slot, not of work: carry on as soon as one frees.
+                    # (asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a
+                    # cancellation that arrives as the event is set, and the loop would run on.)
                     with suppress(TimeoutError):
-                        await asyncio.wait_for(self._room.wait(), pause)
+                        async with asyncio.timeout(pause):
+                            await self._room.wait()
                 else:
                     await asyncio.sleep(pause)
         finally:
@@ -417,7 +420,8 @@ class InboxWorker:
         """Extends the lease while a long turn runs, so no other worker takes the rows."""
         while True:
             try:
-                await asyncio.wait_for(stop.wait(), self._lease / 3)
+                async with asyncio.timeout(self._lease / 3):
+                    await stop.wait()
                 return
             except TimeoutError:
                 pass

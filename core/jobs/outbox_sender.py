@@ -137,7 +137,8 @@ class OutboxSender:
                     claimed = len(rows)
                 if not claimed or len(in_flight) >= self._batch:
                     with suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self._poll)
+                        async with asyncio.timeout(self._poll):
+                            await self._wake.wait()
         finally:
             for task in in_flight:
                 task.cancel()

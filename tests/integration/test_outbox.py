@@ -107,6 +107,25 @@ async def rig(database: Database, use_embedder: UseEmbedder) -> AsyncIterator[Ri
     await telegram_server.close()
 
 
+async def test_a_sender_stops_when_stopped_as_it_is_woken(rig: Rig) -> None:
+    """Shutting down while a part is being queued must stop the sender, not leave it
+    running: a cancellation that arrives as the wake-up does is the one that counts."""
+    wake = asyncio.Event()
+    sender = rig.sender(poll_interval=30.0, wake=wake)
+    task = asyncio.create_task(sender.run())
+
+    # Idle: nothing to send, so it waits for the next wake-up.
+    async def waiting() -> bool:
+        return len(getattr(wake, "_waiters", ())) == 1
+
+    await wait_until(waiting)
+    wake.set()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert task in done, "the sender ran on after it was cancelled"
+    assert task.cancelled()
+
+
 async def test_parts_are_claimed_one_at_a_time_per_chat(rig: Rig) -> None:
     await rig.enqueue("whatsapp", ALICE, ["one", "two"])
     await rig.enqueue("whatsapp", "whatsapp:+31600000000", ["other"])
