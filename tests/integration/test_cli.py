@@ -53,7 +53,8 @@ def _stop_postgres_in(pgdata: Path) -> None:
 
 
 def test_help_lists_the_commands(tmp_path: Path) -> None:
-    result = run_parley("--help", cwd=tmp_path)
+    # The installed console script itself, once.
+    result = run_parley("--help", cwd=tmp_path, process=True)
     assert result.returncode == 0
     for command in ("serve", "migrate", "agent"):
         assert command in result.stdout
@@ -129,16 +130,18 @@ def test_worker_concurrency_is_checked_before_anything_starts(tmp_path: Path) ->
 
 def test_embedded_postgres_starts_is_reused_and_stops(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    first = run_parley("migrate", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+    first = run_parley("migrate", cwd=tmp_path, process=True, PARLEY_DATA_DIR=str(data))
     assert first.returncode == 0, first.stderr
     assert f"database is at migration {LATEST:04d} (embedded PostgreSQL)" in first.stdout
     pgdata = data / "postgres"
     assert (pgdata / "PG_VERSION").read_text().startswith("16")
     assert not _postgres_running_in(pgdata)  # stopped cleanly on exit
 
-    created = run_parley("agent", "create", "shop", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+    created = run_parley(
+        "agent", "create", "shop", cwd=tmp_path, process=True, PARLEY_DATA_DIR=str(data)
+    )
     assert created.returncode == 0, created.stderr
-    listed = run_parley("agent", "list", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+    listed = run_parley("agent", "list", cwd=tmp_path, process=True, PARLEY_DATA_DIR=str(data))
     assert listed.stdout.startswith("shop\t")  # the data outlived the restart
     assert not _postgres_running_in(pgdata)
 
@@ -169,7 +172,7 @@ def test_the_last_process_stops_the_embedded_postgres_after_another_was_killed(
         assert killed.pid in json.loads((pgdata / USERS_FILE).read_text())
 
         # The next process reuses the server, and as the last one left it stops it.
-        again = run_parley("migrate", cwd=tmp_path, PARLEY_DATA_DIR=str(data))
+        again = run_parley("migrate", cwd=tmp_path, process=True, PARLEY_DATA_DIR=str(data))
         assert again.returncode == 0, again.stderr
         assert "(embedded PostgreSQL)" in again.stdout
         assert json.loads((pgdata / USERS_FILE).read_text()) == []
