@@ -224,6 +224,7 @@ async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Reply]:
             config=PipelineConfig(pace_seconds=0.0),
         )
         replies = [await run_case(pipeline, database.pool, case) for case in cases]
+        await pipeline.memory.drain()  # summaries and topics still being written
     await database.close()
     return replies
 
