@@ -174,3 +174,15 @@ async def cache(redis_url: str) -> AsyncIterator[RedisCache]:
     store = RedisCache(client, prefix=key_prefix())
     yield store
     await store.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each Schemathesis test its API operation in its id, as its name has: pytest 9
+    builds a test's id from its function's name and parameters, which Schemathesis's tests
+    lack, so all of them had one id, which `pytest -n` ran once and reports could not tell
+    apart."""
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        named = isinstance(label, str) and item.nodeid.endswith("]")
+        if isinstance(item, pytest.Function) and isinstance(label, str) and not named:
+            item._id = item.parent.id.child(item.originalname).with_params(label)  # type: ignore[union-attr]
