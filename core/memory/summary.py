@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -100,62 +100,68 @@ class Summarizer:
         self._max_tokens = max_tokens
 
     async def summarize(self, previous: str | None, messages: Sequence[StoredMessage]) -> Summary:
-        if self._chat is None:
-            return Summary(extractive_summary(previous, messages), "extractive")
         transcript = "\n".join(
             f"{_SPEAKERS.get(m.role, m.role)}: {_shorten(m.text, MESSAGE_CHARS)}" for m in messages
         )
-        try:
-            reply = await self._chat.complete(
-                [
-                    ChatMessage("system", SUMMARY_INSTRUCTIONS),
-                    ChatMessage(
-                        "user",
-                        f"Notes so far:\n{previous or '(none yet)'}\n\nNew messages:\n{transcript}",
-                    ),
-                ],
-                max_tokens=self._max_tokens,
-                temperature=0.0,
-                model=self._model,
-                timeout=self._timeout,
-            )
-        except Unavailable as exc:
-            reason = "timeout" if "timeout" in exc.message.lower() else "error"
-            log.info("memory.summary.fallback reason=%s", reason)
-            return Summary(extractive_summary(previous, messages), "extractive", reason)
-        text = tidy_summary(reply)
-        if not text:
-            log.info("memory.summary.fallback reason=empty")
-            return Summary(extractive_summary(previous, messages), "extractive", "empty")
-        return Summary(text, "llm")
+        return await self._written(
+            "summary",
+            [
+                ChatMessage("system", SUMMARY_INSTRUCTIONS),
+                ChatMessage(
+                    "user",
+                    f"Notes so far:\n{previous or '(none yet)'}\n\nNew messages:\n{transcript}",
+                ),
+            ],
+            self._max_tokens,
+            tidy_summary,
+            lambda: extractive_summary(previous, messages),
+        )
 
     async def topic(self, question: str, answer: str, language: str | None = None) -> Summary:
         """One line (at most `TOPIC_CHARS`) on what the customer wants, from the first
         exchange: the model's, else the customer's first sentence."""
-        if self._chat is None:
-            return Summary(extractive_topic(question), "extractive")
         exchange = (
             f"customer: {_shorten(question, MESSAGE_CHARS)}\n"
             f"assistant: {_shorten(answer, MESSAGE_CHARS)}"
         )
         if language:
             exchange = f"Language of the conversation: {language}\n\n{exchange}"
+        return await self._written(
+            "topic",
+            [ChatMessage("system", TOPIC_INSTRUCTIONS), ChatMessage("user", exchange)],
+            TOPIC_MAX_TOKENS,
+            tidy_topic,
+            lambda: extractive_topic(question),
+        )
+
+    async def _written(
+        self,
+        kind: str,
+        prompt: list[ChatMessage],
+        max_tokens: int,
+        tidy: Callable[[str], str],
+        fallback: Callable[[], str],
+    ) -> Summary:
+        """The model's text, tidied; without a model, or when it fails or says nothing, the
+        extractive ``fallback`` (logged as ``memory.<kind>.fallback``)."""
+        if self._chat is None:
+            return Summary(fallback(), "extractive")
         try:
             reply = await self._chat.complete(
-                [ChatMessage("system", TOPIC_INSTRUCTIONS), ChatMessage("user", exchange)],
-                max_tokens=TOPIC_MAX_TOKENS,
+                prompt,
+                max_tokens=max_tokens,
                 temperature=0.0,
                 model=self._model,
                 timeout=self._timeout,
             )
         except Unavailable as exc:
             reason = "timeout" if "timeout" in exc.message.lower() else "error"
-            log.info("memory.topic.fallback reason=%s", reason)
-            return Summary(extractive_topic(question), "extractive", reason)
-        text = tidy_topic(reply)
+            log.info("memory.%s.fallback reason=%s", kind, reason)
+            return Summary(fallback(), "extractive", reason)
+        text = tidy(reply)
         if not text:
-            log.info("memory.topic.fallback reason=empty")
-            return Summary(extractive_topic(question), "extractive", "empty")
+            log.info("memory.%s.fallback reason=empty", kind)
+            return Summary(fallback(), "extractive", "empty")
         return Summary(text, "llm")
 
 
