@@ -16,6 +16,11 @@ EventKind = Literal["status", "token", "sources", "done", "error"]
 
 MAX_MESSAGE_CHARS = 4000
 
+# A tag of pages and sources: a word, or words joined by "-", "_", ".", "/" or ":"
+# ("pricing", "support/returns", "lang:nl"); stored lower-case.
+TAG_PATTERN = r"^\w[\w:/.-]{0,63}$"
+TagName = Annotated[str, Field(pattern=TAG_PATTERN)]
+
 # C0 control characters but tab, newline and carriage return. PostgreSQL cannot store NUL in
 # text or jsonb at all (a visitor's "\u0000" would fail the turn half-way through its
 # stream), and none of the others means anything in a chat message.
@@ -75,6 +80,14 @@ class TurnRequest(BaseModel):
     writing_rule: str | None = None  # the channel's formatting rule, last in the prompt
     # Voice notes the text was transcribed from: {"media": link, "transcript": words}.
     voice: tuple[Mapping[str, str], ...] = ()
+    # Only pages with one of these tags answer (none: any page), never pages with one of
+    # ``exclude_tags``; added to the agent's own filters (settings "include_tags", ...).
+    include_tags: tuple[TagName, ...] = ()
+    exclude_tags: tuple[TagName, ...] = ()
+    # The conversation so far as the caller keeps it ("visitor" / "assistant", oldest
+    # first): used instead of the stored memory when given (the knowledge-query contract).
+    previous_messages: tuple[tuple[Literal["visitor", "assistant"], CleanText], ...] | None = None
+    max_results: int | None = Field(default=None, ge=1, le=20)  # sources to answer from
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,12 @@ def _names_found(names: Sequence[str], hits: Sequence[Hit]) -> bool:
     return any(name_found(name, h.title) for name in names for h in hits)
 
 
+def _tags(agent_tags: object, request_tags: Sequence[str]) -> tuple[str, ...]:
+    """The agent's tag filter (a list in its settings) joined with the request's."""
+    own = [str(t) for t in agent_tags] if isinstance(agent_tags, list | tuple) else []
+    return tuple(sorted({t.lower() for t in [*own, *request_tags]}))
+
+
 # Turns staff or the nightly checks ask, not customers: they cost nothing and are no gaps.
 REHEARSALS = frozenset({"playground", "test"})
 
@@ -234,6 +240,10 @@ class AnswerPipeline:
         )
         memory = await self._memory.recall(conversation_id)
         history = memory.history
+        if request.previous_messages is not None:
+            # The caller keeps the conversation: what it sends stands for the memory.
+            memory = replace(memory, messages=(), summary=None)
+            history = [(role, text) for role, text in request.previous_messages]
         if request.already_saved and history and history[-1] == ("visitor", request.text):
             history = history[:-1]
         language = self._language(request, agent)
@@ -288,7 +298,7 @@ class AnswerPipeline:
         # Without a model, the best candidates are read even below the bar: the estimate of
         # the quote's confidence, not the match alone, decides whether it is said.
         candidates = result.hits or (result.ranked if self._chat is None else ())
-        sources = _sources(candidates, self._config.max_sources)
+        sources = _sources(candidates, self._max_sources(request))
         if page_title and rewrite.method != "verbatim" and subject_of(page_title) in rewrite.query:
             sources = await self._with_current_page(request, agent, sources)
         match = result.confidence or 0.0
@@ -515,10 +525,15 @@ class AnswerPipeline:
         return RetrievalQuery(
             agent=agent,
             text=text,
-            k=self._config.max_sources * 2,
+            k=self._max_sources(request) * 2,
             page_url=request.page.url if request.page else None,
             reply_language=language,
+            include_tags=_tags(agent.settings.get("include_tags"), request.include_tags),
+            exclude_tags=_tags(agent.settings.get("exclude_tags"), request.exclude_tags),
         )
+
+    def _max_sources(self, request: TurnRequest) -> int:
+        return request.max_results or self._config.max_sources
 
     async def _finish_canned(
         self,

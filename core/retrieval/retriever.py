@@ -70,6 +70,7 @@ class Hit:
     boost: float
     score: float  # ranking score: fused (or reranked) + boosts
     reasons: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # the page's tags
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,10 @@ class RetrievalResult:
         data = json.loads(text)
 
         def hits(rows: list[dict[str, object]]) -> tuple[Hit, ...]:
-            return tuple(Hit(**{**h, "reasons": tuple(h["reasons"])}) for h in rows)  # type: ignore[arg-type]
+            return tuple(
+                Hit(**{**h, "reasons": tuple(h["reasons"]), "tags": tuple(h.get("tags", ()))})  # type: ignore[arg-type]
+                for h in rows
+            )
 
         return cls(
             hits=hits(data.pop("hits")), ranked=hits(data.pop("ranked")), **{**data, "cached": True}
@@ -303,6 +307,7 @@ class Retriever:
                 boost=round(boost.amount, 4),
                 score=round(base + boost.amount, 4),
                 reasons=boost.reasons,
+                tags=candidate.tags,
             )
             out.append((hit, match + boost.amount >= boost.threshold))
         return out
