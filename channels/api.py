@@ -13,18 +13,23 @@ from core.answer.pipeline import AnswerPipeline
 from core.errors import Forbidden, InvalidInput, NotFound, Unauthorized, Unavailable
 from core.store.agents import Agent, Agents
 from core.store.api_keys import ApiKeys
+from core.tags import NO_FILTERS, TagFilters
 from core.turns import MAX_MESSAGE_CHARS, CleanText, CollectingTurnOutput, PageContext, TurnRequest
 
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_:.+-]{1,200}$")
+# A conversation key the caller chooses (session_id).
+SESSION_ID = re.compile(r"^[A-Za-z0-9_:.+-]{1,200}$")
 
 
 class TurnBody(BaseModel):
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
     message: CleanText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
-    session_id: str | None = Field(None, pattern=_SESSION_ID.pattern)
+    session_id: str | None = Field(None, pattern=SESSION_ID.pattern)
     page: PageContext | None = None
     language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")
+    filters: TagFilters | None = Field(
+        None, description="which pages may answer, by tag, besides the agent's own filters"
+    )
 
 
 class ApiChannel:
@@ -33,7 +38,7 @@ class ApiChannel:
         self._agents = agents
         self._keys = keys
 
-    async def _agent(self, request: web.Request) -> Agent:
+    async def authorized_agent(self, request: web.Request) -> Agent:
         """The agent named in the path, when the request carries one of its API keys."""
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")
         key = key.strip()
@@ -49,16 +54,16 @@ class ApiChannel:
 
     async def clear(self, request: web.Request) -> web.Response:
         """Forget a conversation's memory (its messages stay for staff); 404 when unknown."""
-        agent = await self._agent(request)
+        agent = await self.authorized_agent(request)
         key = request.match_info["conversation_key"]
-        if not _SESSION_ID.fullmatch(key):
+        if not SESSION_ID.fullmatch(key):
             raise InvalidInput("conversation_key: use the session_id the turns were sent with")
         if not await self._pipeline.memory.clear(agent.id, "api", key):
             raise NotFound(f"no conversation {key!r} for this agent")
         return web.Response(status=204)
 
     async def turn(self, request: web.Request) -> web.Response:
-        agent = await self._agent(request)
+        agent = await self.authorized_agent(request)
         body = await read_body(request, TurnBody)
         session = body.session_id or uuid.uuid4().hex
         output = CollectingTurnOutput()
@@ -70,6 +75,8 @@ class ApiChannel:
                 text=body.message,
                 page=body.page,
                 language=body.language,
+                include_tags=(body.filters or NO_FILTERS).include,
+                exclude_tags=(body.filters or NO_FILTERS).exclude,
             ),
             output,
         )
@@ -86,5 +93,6 @@ class ApiChannel:
                 "session_id": session,
                 "conversation_id": outcome.conversation_id,
                 "turn_id": outcome.turn_id,
+                "related": list(output.related),
             }
         )

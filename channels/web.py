@@ -20,6 +20,7 @@ from core.errors import Forbidden, NotFound, RateLimited, Unauthorized
 from core.ports import Cache
 from core.store.agents import Agent, Agents
 from core.store.feedback import MAX_COMMENT_CHARS, Feedback, Rating
+from core.tags import NO_FILTERS, TagFilters
 from core.turns import MAX_MESSAGE_CHARS, CleanText, PageContext, TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class ChatBody(BaseModel):
     session_id: str = Field(pattern=r"^[A-Za-z0-9_-]{8,100}$")
     page: PageContext | None = None
     language: str | None = Field(None, pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$")
+    filters: TagFilters | None = Field(
+        None, description="which pages may answer, by tag, besides the agent's own filters"
+    )
 
 
 class ClearBody(BaseModel):
@@ -166,6 +170,8 @@ class WebChannel:
             text=body.message,
             page=body.page,
             language=body.language,
+            include_tags=(body.filters or NO_FILTERS).include,
+            exclude_tags=(body.filters or NO_FILTERS).exclude,
             writing_rule=WRITING_RULE,
         )
         return await self.stream(request, turn, headers=self._cors(origin))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -91,15 +91,48 @@ class Reranker(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool the model asks to be called: ``arguments`` is its JSON text as the model wrote
+    it (which may not parse)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool offered to the model: ``parameters`` is the JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    """One message of a chat. An assistant message may ask for ``tool_calls``; each is
+    answered by a "tool" message carrying the call's id in ``tool_call_id``."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReply:
+    """A whole assistant message: text, tool calls, or both."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +171,21 @@ class ChatModel(Protocol):
         timeout: float | None = None,  # noqa: ASYNC109 - the HTTP request's own timeout
     ) -> str:
         """The whole reply at once (rewrites, summaries)."""
+        ...
+
+    async def respond(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Tool],
+        max_tokens: int,
+        temperature: float,
+        tool_choice: Literal["auto", "none"] = "auto",
+        model: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the HTTP request's own timeout
+    ) -> ChatReply:
+        """One assistant message at once, which may ask for some of ``tools`` to be called
+        (``tool_choice="none"``: it may not)."""
         ...
 
 

@@ -174,6 +174,15 @@ class Settings(BaseSettings):
     # Conversation summaries (core/memory): default model is the rewrite model, else the main.
     summary_model: str | None = None
     summary_timeout_ms: int = Field(8000, ge=100, le=60000)
+    # The answer gates' critic (core/answer/critic.py): a second model that checks a written
+    # answer against the question and its sources, within critic_timeout_ms (else the answer
+    # counts as not checked). Unset: no critic.
+    critic_model: str | None = None
+    critic_timeout_ms: int = Field(8000, ge=100, le=60000)
+    # Query translation (core/answer/translate.py): a question in a language the knowledge
+    # is not written in is searched in the knowledge's language, translated by this model
+    # within rewrite_timeout_ms. Unset: searched as asked (the embedder is multilingual).
+    translate_model: str | None = None
     # Voice notes: the speech-to-text model at the LLM's API (e.g. whisper-1 or
     # gpt-4o-mini-transcribe; core/transcribe.py); unset: nothing is transcribed.
     transcribe_model: str | None = None
@@ -282,6 +291,22 @@ class Settings(BaseSettings):
     notify_webhook: HttpUrl | None = None
     # Signs the webhook's events (X-Parley-Signature); required with notify_webhook.
     notify_secret: Token | None = None
+
+    # The answer cache (core/answer/answer_cache.py): a question asked again, or in words this
+    # close (cosine similarity of the question embeddings), is answered from the cache for
+    # this long. An agent switches it off with its setting "answer_cache": false.
+    answer_cache: bool = True
+    answer_cache_similarity: float = Field(0.92, ge=0.5, le=1.0)
+    answer_cache_ttl_seconds: float = Field(24 * 60 * 60.0, gt=0, le=30 * 24 * 60 * 60)
+    # Answers a visitor gets per day and an agent gives per month (core/answer/quotas.py);
+    # unset or 0: unlimited. An agent's settings "quota_visitor_day" / "quota_agent_month"
+    # override them (0 there: unlimited for that agent).
+    quota_visitor_day: Annotated[int | None, BeforeValidator(_no_key_when_empty)] = Field(
+        None, ge=0
+    )
+    quota_agent_month: Annotated[int | None, BeforeValidator(_no_key_when_empty)] = Field(
+        None, ge=0
+    )
 
     @model_validator(mode="after")
     def _notify_secret_with_webhook(self) -> Settings:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 # A channel's name: "web", "api", "playground", "test", or a messaging channel's as its
 # registry names it ("whatsapp", "telegram", "meta"); stored with the conversation.
 Channel = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
-EventKind = Literal["status", "token", "sources", "done", "error"]
+EventKind = Literal["status", "token", "sources", "related", "done", "error"]
 
 MAX_MESSAGE_CHARS = 4000
 
@@ -93,14 +93,18 @@ class TurnRequest(BaseModel):
 @dataclass(frozen=True, slots=True)
 class TurnEvent:
     """One event of a turn; every channel sees the same kinds in the same order:
-    status*, token*, sources, then done or error."""
+    status*, token*, sources, related (pages to read on, when there are any), then done or
+    error."""
 
     kind: EventKind
     data: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def status(cls, step: Literal["searching", "reading", "answering"]) -> TurnEvent:
-        return cls("status", {"step": step})
+    def status(
+        cls, step: Literal["searching", "reading", "answering"], *, page: str | None = None
+    ) -> TurnEvent:
+        """``page``: the title of the page being read, when one is ("Reading Shipping…")."""
+        return cls("status", {"step": step, "page": page} if page else {"step": step})
 
     @classmethod
     def token(cls, text: str) -> TurnEvent:
@@ -144,3 +148,9 @@ class CollectingTurnOutput:
     def sources(self) -> list[Mapping[str, Any]]:
         event = next((e for e in self.events if e.kind == "sources"), None)
         return list(event.data["sources"]) if event else []
+
+    @property
+    def related(self) -> list[Mapping[str, Any]]:
+        """The pages offered to read on (``{"title", "url"}``); empty when none were."""
+        event = next((e for e in self.events if e.kind == "related"), None)
+        return list(event.data["related"]) if event else []

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from channels.api import ApiChannel
 from channels.base import ChannelContext
+from channels.knowledge_api import KnowledgeApi
 from channels.registry import BY_NAME, CHANNELS
 from channels.web import WebChannel
 from channels.web_events import WidgetEvents
@@ -35,6 +36,7 @@ from gateway.keys import (
     EMBEDDER,
     HANDOFF,
     HTTP,
+    KNOWLEDGE_API,
     METRICS,
     RUNTIME,
     SETTINGS,
@@ -106,6 +108,7 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
         feedback=Feedback(pool),
     )
     app[API_CHANNEL] = ApiChannel(pipeline, agents, ApiKeys(pool))
+    app[KNOWLEDGE_API] = KnowledgeApi(app[API_CHANNEL], pipeline)
     app[WIDGET_EVENTS] = WidgetEvents(
         app[WEB_CHANNEL], agents, runtime.cache, app[CONVERSATION_FEED]
     )

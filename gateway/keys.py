@@ -8,6 +8,7 @@ from aiohttp import web
 
 from channels.api import ApiChannel
 from channels.base import ChannelContext
+from channels.knowledge_api import KnowledgeApi
 from channels.web import WebChannel
 from channels.web_events import WidgetEvents
 from core.handoff import ConversationFeed, Handoff
@@ -31,6 +32,7 @@ CHANNEL_CONTEXT = web.AppKey("channel_context", ChannelContext)
 METRICS = web.AppKey("metrics", HttpMetrics)
 WEB_CHANNEL = web.AppKey("web_channel", WebChannel)
 API_CHANNEL = web.AppKey("api_channel", ApiChannel)
+KNOWLEDGE_API = web.AppKey("knowledge_api", KnowledgeApi)
 CONVERSATION_FEED = web.AppKey("conversation_feed", ConversationFeed)
 HANDOFF = web.AppKey("handoff", Handoff)
 WIDGET_EVENTS = web.AppKey("widget_events", WidgetEvents)

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from gateway.keys import (
     API_CHANNEL,
+    KNOWLEDGE_API,
     WEB_CHANNEL,
     WIDGET_EVENTS,
 )
@@ -40,6 +41,20 @@ async def _turn(request: web.Request) -> web.Response:
     return await request.app[API_CHANNEL].turn(request)
 
 
+async def _process(request: web.Request) -> web.Response:
+    return await request.app[KNOWLEDGE_API].process(request)
+
+
+async def _search(request: web.Request) -> web.Response:
+    return await request.app[KNOWLEDGE_API].search(request)
+
+
+# The knowledge-query contract's paths end in ":process" and ":search", which the agent's
+# name must not swallow.
+PIPELINE_PROCESS = "/api/v1/pipelines/{agent:[^/:]+}:process"
+PIPELINE_SEARCH = "/api/v1/pipelines/{agent:[^/:]+}:search"
+
+
 def channel_routes() -> list[web.RouteDef]:
     return [
         web.post("/api/v1/agents/{agent}/chat", _chat),
@@ -51,4 +66,6 @@ def channel_routes() -> list[web.RouteDef]:
         web.options("/api/v1/agents/{agent}/feedback", _chat_preflight),
         web.post("/api/v1/agents/{agent}/turns", _turn),
         web.delete("/api/v1/agents/{agent}/conversations/{conversation_key}", _api_clear),
+        web.post(PIPELINE_PROCESS, _process),
+        web.post(PIPELINE_SEARCH, _search),
     ]

@@ -8,8 +8,12 @@ from datetime import UTC, datetime
 import aiohttp
 import asyncpg
 
+from core.answer.answer_cache import AnswerCache
+from core.answer.explore import Explorer
 from core.answer.pipeline import AnswerPipeline, PipelineConfig
+from core.answer.quotas import Quotas
 from core.answer.rewrite import QueryRewriter
+from core.answer.translate import build_translator
 from core.llm.limits import ModelLimits
 from core.memory import build_memory
 from core.ports import Cache, ChatModel, Embedder
@@ -19,6 +23,7 @@ from core.store.agents import Agents
 from core.store.conversations import Conversations
 from core.store.curated import CuratedAnswers
 from core.store.handoff import HandoffStore
+from core.store.page_catalog import PageCatalog
 
 
 def build_pipeline(
@@ -36,14 +41,18 @@ def build_pipeline(
     """``limits``: the process's per-agent model limits, shared by every pipeline it builds
     (each gets its own without)."""
     config = config or PipelineConfig(
-        rewrite_model=settings.rewrite_model, rewrite_timeout_ms=settings.rewrite_timeout_ms
+        rewrite_model=settings.rewrite_model,
+        rewrite_timeout_ms=settings.rewrite_timeout_ms,
+        critic_model=settings.critic_model,
+        critic_timeout_ms=settings.critic_timeout_ms,
     )
+    retriever = build_retriever(settings, pool, embedder, cache, session)
     return AnswerPipeline(
         agents=agents or Agents(pool),
         conversations=Conversations(pool),
         memory=build_memory(settings, pool, cache, chat),
         curated=CuratedAnswers(pool),
-        retriever=build_retriever(settings, pool, embedder, cache, session),
+        retriever=retriever,
         embedder=embedder,
         chat=chat,
         rewriter=QueryRewriter(
@@ -53,4 +62,30 @@ def build_pipeline(
         clock=clock,
         handoff=HandoffStore(pool),
         limits=limits,
+        translator=build_translator(settings, chat, cache, retriever),
+        answer_cache=AnswerCache(
+            cache,
+            embedder,
+            enabled=settings.answer_cache,
+            similarity=settings.answer_cache_similarity,
+            ttl=settings.answer_cache_ttl_seconds,
+            model=chat.model if chat is not None else "",
+        ),
+        quotas=Quotas(
+            pool,
+            cache,
+            visitor_day=settings.quota_visitor_day,
+            agent_month=settings.quota_agent_month,
+        ),
+        explorer=(
+            Explorer(
+                PageCatalog(pool),
+                retriever,
+                chat,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+            )
+            if chat is not None
+            else None
+        ),
     )

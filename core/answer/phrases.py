@@ -117,6 +117,52 @@ _PHRASES: _Table = MappingProxyType(
             "es": "👎 No",
             "it": "👎 No",
         },
+        # The replies to a message that is nothing but a greeting, thanks or goodbye
+        # (`core.answer.smalltalk`).
+        "smalltalk_greeting": {
+            "en": "Hello! How can I help you?",
+            "nl": "Hallo! Waarmee kan ik je helpen?",
+            "de": "Hallo! Wie kann ich dir helfen?",
+            "fr": "Bonjour ! Comment puis-je vous aider ?",
+            "es": "¡Hola! ¿En qué puedo ayudarte?",
+            "it": "Ciao! Come posso aiutarti?",
+        },
+        "smalltalk_thanks": {
+            "en": "You're welcome! Is there anything else I can help you with?",
+            "nl": "Graag gedaan! Kan ik je nog ergens anders mee helpen?",
+            "de": "Gern geschehen! Kann ich dir noch bei etwas anderem helfen?",
+            "fr": "Avec plaisir ! Puis-je vous aider pour autre chose ?",
+            "es": "¡De nada! ¿Puedo ayudarte en algo más?",
+            "it": "Prego! Posso aiutarti in qualcos'altro?",
+        },
+        "smalltalk_goodbye": {
+            "en": "Goodbye, and have a nice day!",
+            "nl": "Tot ziens, en nog een fijne dag!",
+            "de": "Tschüss, und einen schönen Tag noch!",
+            "fr": "Au revoir, et bonne journée !",
+            "es": "¡Adiós, y que tengas un buen día!",
+            "it": "Arrivederci, e buona giornata!",
+        },
+        # A quota has run out (`core.answer.quotas`): the visitor's for today, or the agent's
+        # for this month.
+        "quota_visitor_day": {
+            "en": "You have reached today's limit of questions. Please come back tomorrow.",
+            "nl": "Je hebt het maximale aantal vragen voor vandaag bereikt. Kom morgen gerust "
+            "terug.",
+            "de": "Du hast die Höchstzahl an Fragen für heute erreicht. Komm gern morgen wieder.",
+            "fr": "Vous avez atteint le nombre maximal de questions pour aujourd'hui. Revenez "
+            "demain.",
+            "es": "Has alcanzado el límite de preguntas de hoy. Vuelve mañana.",
+            "it": "Hai raggiunto il limite di domande per oggi. Torna domani.",
+        },
+        "quota_agent_month": {
+            "en": "Sorry, I can't answer any more questions this month.",
+            "nl": "Sorry, ik kan deze maand geen vragen meer beantwoorden.",
+            "de": "Entschuldigung, ich kann diesen Monat keine Fragen mehr beantworten.",
+            "fr": "Désolé, je ne peux plus répondre à des questions ce mois-ci.",
+            "es": "Lo siento, este mes ya no puedo responder más preguntas.",
+            "it": "Mi dispiace, questo mese non posso rispondere ad altre domande.",
+        },
         "feedback_thanks": {
             "en": "Thanks for your feedback!",
             "nl": "Bedankt voor je feedback!",

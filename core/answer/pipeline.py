@@ -10,17 +10,24 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from core.answer.answer_cache import AnswerCache
 from core.answer.confidence import Signals, confidence
 from core.answer.curated import match_curated
 from core.answer.escalation import HandoffPolicy, asks_for_person
+from core.answer.explore import Explorer, explores
 from core.answer.extractive import ExtractiveAnswer, Passage, extractive_answer, subject_of
 from core.answer.gaps import gap_reason
+from core.answer.gates import AnswerGates, display
 from core.answer.guard import StreamGuard, refusal
 from core.answer.phrases import deferral
 from core.answer.postprocess import postprocess
 from core.answer.prompt import PromptInput, PromptSource, build_messages, secret_text
 from core.answer.question import Question, guess_language, name_found
+from core.answer.quotas import Quotas, QuotaState
+from core.answer.related import offer_related
 from core.answer.rewrite import QueryRewriter
+from core.answer.smalltalk import preferred_languages, small_talk
+from core.answer.translate import QueryTranslator
 from core.deferrals import is_deferred
 from core.errors import ModelFailed, Unavailable
 from core.llm.limits import ModelLimits
@@ -34,7 +41,7 @@ from core.store.agents import Agent, Agents
 from core.store.conversations import Conversations, TurnRecord
 from core.store.curated import CuratedAnswers
 from core.store.handoff import UNREACHABLE, HandoffStore
-from core.turns import TurnEvent, TurnOutput, TurnRequest
+from core.turns import CollectingTurnOutput, TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,9 @@ class PipelineConfig:
     # Canned and extractive answers exist at once; they are sent a few words at a time with
     # this pause so the visitor sees them being written, like a model's.
     pace_seconds: float = 0.03
+    # The answer gates' critic (core/answer/gates.py): its model, and how long it may take.
+    critic_model: str | None = None
+    critic_timeout_ms: int = 8000
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +127,8 @@ class _Trace:
     started: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
+    done: dict[str, Any] = field(default_factory=dict)  # more fields of the done event
+    quota: QuotaState | None = None  # where the visitor and agent stood before the turn
 
     def lap(self, name: str, since: float) -> None:
         self.timings[name] = round((time.perf_counter() - since) * 1000, 2)
@@ -209,6 +221,10 @@ class AnswerPipeline:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         handoff: HandoffStore | None = None,
         limits: ModelLimits | None = None,
+        answer_cache: AnswerCache | None = None,
+        quotas: Quotas | None = None,
+        translator: QueryTranslator | None = None,
+        explorer: Explorer | None = None,
     ) -> None:
         self._agents = agents
         self._conversations = conversations
@@ -222,10 +238,24 @@ class AnswerPipeline:
         self._clock = clock
         self._handoff = handoff
         self._limits = limits or ModelLimits()
+        self._answer_cache = answer_cache
+        self._quotas = quotas
+        self._translator = translator
+        self._explorer = explorer  # for agents that answer by exploring their pages
+        self._gates = AnswerGates(
+            retriever,
+            chat,
+            critic_model=config.critic_model,
+            critic_timeout=config.critic_timeout_ms / 1000,
+        )
 
     @property
     def memory(self) -> ConversationMemory:
         return self._memory
+
+    @property
+    def retriever(self) -> Retriever:
+        return self._retriever
 
     async def run(self, request: TurnRequest, output: TurnOutput) -> TurnOutcome:
         out = _Output(output)
@@ -235,6 +265,18 @@ class AnswerPipeline:
         handed_off = await self._handoff_turn(request, agent, out, trace)
         if handed_off is not None:
             return handed_off
+        talk = small_talk(request.text)
+        if talk is not None:  # nothing but hello, thanks or goodbye: no search, no model
+            spoken = await self._conversations.language(
+                agent.id, request.channel, request.conversation_key
+            )
+            language = talk.language(preferred_languages(request, agent, spoken))
+            trace.data.update({"query": request.text, "language": language,
+                               "channel": request.channel, "small_talk": talk.kind})  # fmt: skip
+            reply = talk.reply(language)
+            return await self._finish_canned(
+                request, agent, out, trace, reply, language, mode="smalltalk", confidence=None
+            )
         conversation_id = await self._conversations.find(
             agent.id, request.channel, request.conversation_key
         )
@@ -249,6 +291,14 @@ class AnswerPipeline:
         language = self._language(request, agent)
         trace.data.update({"query": request.text, "language": language, "channel": request.channel})
         trace.data["memory"] = memory.describe()
+        if self._quotas is not None:
+            trace.quota = await self._quotas.check(request, agent, self._clock())
+            trace.done["quota"] = trace.data["quota"] = trace.quota.remaining()
+            if trace.quota.exhausted:
+                text = trace.quota.message(language, agent.contact_route)
+                return await self._finish_canned(
+                    request, agent, out, trace, text, language, mode="quota", confidence=None
+                )
 
         curated = await match_curated(
             request.text, None, await self._curated.enabled(agent.id), self._embedder
@@ -257,6 +307,25 @@ class AnswerPipeline:
             await self._curated.count_hit(curated.id)
             trace.data["curated_id"] = curated.id
             return await self._finish_canned(request, agent, out, trace, curated.answer, language)
+        cache = None
+        if self._answer_cache is not None:
+            cache = await self._answer_cache.lookup(
+                request,
+                agent,
+                self._retrieval_query(request, agent, request.text, language),
+                history,
+                subject_of(request.page.title) if request.page and request.page.title else None,
+            )
+            trace.data.update({"answer_cache": cache.verdict, **cache.describe()})
+            if cache.hit is not None:
+                return await self._finish_canned(
+                    request, agent, out, trace, cache.hit.answer, language, mode="cached",
+                    confidence=cache.hit.confidence,
+                    shown=[SourceRef(int(s["id"]), str(s["url"]), str(s.get("title") or ""),
+                                     float(s.get("score") or 0.0), "")
+                           for s in cache.hit.sources],
+                    cited=cache.hit.citations,
+                )  # fmt: skip
 
         step = time.perf_counter()
         page_title = request.page.title if request.page else None
@@ -282,6 +351,9 @@ class AnswerPipeline:
         # the page title the search query was filled in from (the page's, or a forged one).
         said = " ".join([*(text for role, text in history if role == "visitor"), request.text])
         query = self._retrieval_query(request, agent, rewrite.query, language)
+        if self._translator is not None:  # searched in the knowledge's language (optional)
+            query, translated = await self._translator.translated(query, language)
+            trace.data.update(translated)
         result = await self._retriever.retrieve(query)
         if question.names and not _names_found(question.names, result.hits):
             # The product asked about may be described only in another language's folder.
@@ -322,9 +394,10 @@ class AnswerPipeline:
         else:
             await out.emit(TurnEvent.status("answering"))
             step = time.perf_counter()
-            generated = await self._generate(
-                request, agent, sources, history, memory.summary, language, out, trace
-            )
+            generated, sources = await self._gated(
+                request, agent, sources, history, memory.summary, language, out, trace,
+                question=question, match=match, said=said, threshold=threshold, query=query,
+            )  # fmt: skip
         trace.lap("generate", step)
         if generated.error is not None:
             await out.emit(TurnEvent.error(generated.error, generated.message))
@@ -351,6 +424,12 @@ class AnswerPipeline:
         renumbered = (
             {} if generated.leaked else dict(zip(cited, processed.source_numbers, strict=True))
         )
+        # Sources only for an answer that passed its gates, each address once.
+        answer, renumbered = display(
+            answer, renumbered, {s.id: s.url for s in sources}, passed=generated.passed,
+            site_url=agent.site_url,
+        )  # fmt: skip
+        cited = tuple(renumbered)
         by_number = {s.id: s for s in sources}
         shown = [replace(by_number[old], id=new) for new, old in renumbered.items()]
         trace.data.update(
@@ -365,7 +444,9 @@ class AnswerPipeline:
                 "usage": generated.usage_dict(),
             }
         )
-        return await self._conclude(
+        if generated.held:  # written in full and checked: now the visitor reads it
+            await self._paced(answer, out)
+        outcome = await self._conclude(
             request,
             out,
             trace,
@@ -390,7 +471,16 @@ class AnswerPipeline:
             cited,
             deferred=generated.deferred or is_deferred(answer),
             searched=rewrite.query if rewrite.method != "verbatim" else None,
+            related=None if generated.leaked else query,
         )
+        if cache is not None and self._answer_cache is not None and not generated.leaked:
+            await self._answer_cache.store(
+                cache, request, mode=outcome.mode, answer=outcome.answer,
+                sources=[s.public() for s in outcome.sources], citations=outcome.citations,
+                confidence=outcome.confidence, low_confidence=outcome.low_confidence,
+                deferred=generated.deferred or is_deferred(answer), complete=not out.gone,
+            )  # fmt: skip
+        return outcome
 
     async def _conclude(
         self,
@@ -403,14 +493,24 @@ class AnswerPipeline:
         *,
         deferred: bool = False,
         searched: str | None = None,
+        related: RetrievalQuery | None = None,
     ) -> TurnOutcome:
-        """Sources, then the turn saved (after the stream, never during it), then done."""
+        """Sources, related reading (pages for ``related``, the answer's search, that it did
+        not show), then the turn saved (after the stream, never during it), then done."""
         await out.emit(TurnEvent("sources", {"sources": [s.public() for s in shown]}))
+        trace.data.update(
+            await offer_related(
+                self._retriever, None if out.gone else related, [s.url for s in shown], out,
+                channel=request.channel, deferred=deferred,
+            )
+        )  # fmt: skip
         exported = trace.export()
         if request.voice:
             # Voice notes answered: staff read the transcript beside the audio's link.
             exported["voice"] = [dict(v) for v in request.voice]
         saved = await self._conversations.save_turn(replace(record, trace=exported))
+        if self._quotas is not None and trace.quota is not None:
+            await self._quotas.spend(trace.quota, record.mode)
         await out.emit(
             TurnEvent(
                 "done",
@@ -423,6 +523,8 @@ class AnswerPipeline:
                     "answer": record.answer,
                     "mode": record.mode,
                     "deferred": deferred,
+                    "cached": record.mode == "cached",
+                    **trace.done,
                 },
             )
         )
@@ -543,7 +645,13 @@ class AnswerPipeline:
         trace: _Trace,
         text: str,
         language: str,
+        *,
+        mode: str = "curated",
+        confidence: float | None = 1.0,
+        shown: Sequence[SourceRef] = (),
+        cited: tuple[int, ...] = (),
     ) -> TurnOutcome:
+        """An answer known at once (curated, small talk, quota, cached), paced like a model's."""
         await out.emit(TurnEvent.status("answering"))
         await self._paced(text, out)
         return await self._conclude(
@@ -556,12 +664,12 @@ class AnswerPipeline:
                 language,
                 answer=text,
                 rewritten_query=None,
-                confidence=1.0,
+                confidence=confidence,
                 low_confidence=False,
-                mode="curated",
+                mode=mode,
             ),
-            (),
-            (),
+            shown,
+            cited,
         )
 
     async def _with_current_page(
@@ -642,6 +750,74 @@ class AnswerPipeline:
             if out.gone:
                 return
 
+    async def _gated(
+        self,
+        request: TurnRequest,
+        agent: Agent,
+        sources: list[SourceRef],
+        history: Sequence[tuple[str, str]],
+        summary: str | None,
+        language: str,
+        out: _Output,
+        trace: _Trace,
+        *,
+        question: Question,
+        match: float,
+        said: str,
+        threshold: float,
+        query: RetrievalQuery,
+    ) -> tuple[_Generated, list[SourceRef]]:
+        """The model's answer through the answer gates (core/answer/gates.py), and the sources
+        it answered from. Held by the agent's gates, it is written in full and checked before
+        the visitor sees it (a rejected one is written once more, then replaced by the
+        sources' quote or a deferral); else it streams and its verdict is only recorded."""
+        record: list[dict[str, Any]] = trace.data.setdefault("gates", [])
+        plan = self._gates.plan(agent)
+        if not plan.holds:
+            generated = await self._generate(
+                request, agent, sources, history, summary, language, out, trace
+            )
+            # An exploration answers from the pages it opened too: those are its sources.
+            sources = sources if generated.sources is None else generated.sources
+            if generated.error is None and not generated.leaked:
+                generated.passed = await self._gates.record(generated.text, sources, agent, record)
+            return generated, sources
+
+        async def write(
+            given: list[SourceRef], correction: list[ChatMessage]
+        ) -> tuple[_Generated, list[SourceRef]]:
+            held = _Output(CollectingTurnOutput())  # nothing reaches the visitor yet
+            draft = await self._generate(
+                request, agent, given, history, summary, language, held, trace, correction
+            )
+            return draft, given if draft.sources is None else draft.sources
+
+        async def search_again(hint: str | None) -> list[SourceRef]:
+            wider = replace(query, text=hint or query.text, k=query.k * 2, language_folders=False)
+            found = await self._retriever.retrieve(wider)
+            return _sources(found.hits, self._max_sources(request)) or sources
+
+        gated = await self._gates.run(
+            plan, agent, request.text, sources, write=write, search_again=search_again,
+            trace=record,
+        )  # fmt: skip
+        if gated.draft is not None:
+            gated.draft.passed, gated.draft.held = gated.passed, True
+            gated.draft.usage = gated.usage()
+            return gated.draft, gated.sources
+        quote, estimate = await self._estimate(
+            request, agent, question, gated.sources, match, trace, said
+        )
+        quoted = quote.answered and estimate >= threshold
+        text = quote.text if quoted else deferral(language, agent.contact_route)
+        text, sources = _cited_first(text, gated.sources)
+        passed = await self._gates.fallback(text, sources, agent, record, quoted=quoted)
+        fallback = _Generated(
+            text=text, mode="extractive", deferred=not quoted, passed=passed, held=True,
+            usage=gated.usage(),
+        )  # fmt: skip
+        return fallback, sources
+
     async def _generate(
         self,
         request: TurnRequest,
@@ -652,7 +828,9 @@ class AnswerPipeline:
         language: str,
         out: _Output,
         trace: _Trace,
+        correction: Sequence[ChatMessage] = (),
     ) -> _Generated:
+        """``correction``: messages after the question (a rejected draft and why)."""
         assert self._chat is not None
         settings = agent.settings
         messages = build_messages(
@@ -675,10 +853,23 @@ class AnswerPipeline:
                 question=request.text,
             )
         )
+        messages += correction
         guard = StreamGuard(secret_text())
         try:
             # The model's wait costs no work slot; the agent's limits are waited for first.
             async with network_wait(), self._limits.call(agent.id, settings):
+                if self._explorer is not None and explores(settings):
+                    explored = await self._explorer.explore(
+                        self._retrieval_query(request, agent, request.text, language),
+                        messages, sources, language, emit=out.emit,
+                        say=lambda text: self._paced(text, out), trace=trace.data,
+                    )  # fmt: skip
+                    return _Generated(
+                        text=explored.text, mode="explore", leaked=explored.leaked,
+                        model=self._chat.model, usage=explored.usage, deferred=explored.deferred,
+                        sources=[SourceRef(p.id, p.url, p.title, p.score, p.text, p.locale,
+                                           p.page_id) for p in explored.sources],
+                    )  # fmt: skip
                 return await self._stream(agent, messages, language, guard, out, trace)
         except Unavailable as exc:
             # The chat model has logged why; the visitor gets llm_failed and may retry.
@@ -753,6 +944,11 @@ class _Generated:
     deferred: bool = False
     transient: bool = True  # with an error: whether a later try may work
     detail: str = ""
+    sources: list[SourceRef] | None = None  # the sources it answered from, when not the given
+    # The answer gates: whether it passed them (its sources may be shown), and whether it was
+    # held back until checked (then it is sent after, paced).
+    passed: bool = True
+    held: bool = False
 
     @classmethod
     def failed(

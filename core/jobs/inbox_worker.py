@@ -66,6 +66,7 @@ from core.store.inbox import (
     put_back,
 )
 from core.store.outbox import enqueue
+from core.tags import channel_filters
 from core.turns import MAX_MESSAGE_CHARS, CollectingTurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -495,6 +496,8 @@ class InboxWorker:
             )
         question = "\n".join(questions)[-MAX_MESSAGE_CHARS:]
         rules = self._channels.get(first.channel)
+        # The agent's own tag filters apply in the pipeline; a channel may have more.
+        filters = channel_filters(agent.settings, first.channel)
         request = TurnRequest(
             agent=agent.slug,
             channel=first.channel,
@@ -504,6 +507,8 @@ class InboxWorker:
             language=None,
             writing_rule=rules.writing_rule if rules else None,
             voice=tuple(heard),
+            include_tags=filters.include,
+            exclude_tags=filters.exclude,
         )
         outcome = await self._pipeline.run(request, CollectingTurnOutput())
         if outcome.error is not None and not outcome.error_transient:

@@ -50,6 +50,7 @@ class IngestReport:
     updated: int = 0
     unchanged: int = 0
     removed: int = 0
+    retagged: int = 0  # kept pages whose tags changed
     chunks_embedded: int = 0
     errors: list[ReadError] = field(default_factory=list)
     failed: str | None = None  # the whole source could not be read
@@ -85,10 +86,14 @@ class Ingestor:
         *,
         base_url: str | None = None,
         on_progress: ProgressCallback | None = None,
+        tags: Sequence[str] | None = None,
     ) -> IngestReport:
         """Bring ``spec``'s pages into ``agent``'s index. ``on_progress`` is called with the
-        counts so far whenever they change (the same object each time)."""
+        counts so far whenever they change (the same object each time). ``tags`` (normalised
+        already) replace the source's own tags; without them it keeps those it has."""
         source_id = await self._store.upsert_source(agent.id, spec.kind, spec.location)
+        if tags is not None:
+            await self._store.set_source_tags(agent.id, source_id, tags)
         await self._store.set_source_status(source_id, "indexing", None)
         stored = await self._store.stored_pages(agent.id)
         report = IngestReport(source_id=source_id)
@@ -101,6 +106,9 @@ class Ingestor:
             raise
         if report.failed is None:
             report.removed = await self._store.prune(source_id, seen)
+            # Unchanged pages keep their chunks: the source's tags and the agent's URL rules
+            # as they are now are applied to them here.
+            report.retagged = await self._store.retag(agent.id, source_id=source_id)
         if report.changed:
             report.knowledge_version = await self._store.bump_version(agent.id)
         error = report.failed or (

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import cast
 
 from core.errors import Conflict
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import SourceKind, SourceSpec
 from core.store.agents import Agent
-from core.store.knowledge import KnowledgeStore, SourceRecord
+from core.store.knowledge import KnowledgeStore, PageRecord, SourceRecord
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +35,36 @@ class SourceLibrary:
     def running(self, source_id: int) -> bool:
         return source_id in self._runs
 
-    async def add(self, agent: Agent, spec: SourceSpec) -> SourceRecord:
-        """Record the source and start indexing it."""
+    async def add(
+        self, agent: Agent, spec: SourceSpec, tags: Sequence[str] | None = None
+    ) -> SourceRecord:
+        """Record the source (with ``tags`` for its pages, when given) and start indexing it."""
         if spec.kind == "text":
             source_id = await self._store.save_text(agent.id, spec.location, spec.text or "")
         else:
             source_id = await self._store.upsert_source(agent.id, spec.kind, spec.location)
+        if tags is not None:
+            await self._store.set_source_tags(agent.id, source_id, tags)
         return await self._start(agent, source_id, spec)
+
+    async def set_tags(self, agent: Agent, source_id: int, tags: Sequence[str]) -> SourceRecord:
+        """The source's own tags, given to its pages and their chunks at once."""
+        await self._store.set_source_tags(agent.id, source_id, tags)
+        return await self._store.get_source(agent.id, source_id)
+
+    async def pages(
+        self, agent: Agent, source_id: int, *, after: int = 0, limit: int = 100
+    ) -> Sequence[PageRecord]:
+        await self._store.get_source(agent.id, source_id)  # 404 for another agent's
+        return await self._store.list_pages(agent.id, source_id, after=after, limit=limit)
+
+    async def tag_page(self, agent: Agent, page_id: int, tags: Sequence[str] | None) -> PageRecord:
+        """A page's own tags as staff set them (None: as its source gives them again)."""
+        return await self._store.set_page_tags(agent.id, page_id, tags)
+
+    async def retag(self, agent: Agent) -> int:
+        """Apply the agent's URL rules as they are now to every page it has."""
+        return await self._store.retag(agent.id)
 
     async def reindex(self, agent: Agent, source_id: int) -> SourceRecord:
         """Read the source again; unchanged pages are kept as they are."""

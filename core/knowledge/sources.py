@@ -17,6 +17,7 @@ from core.errors import InvalidInput
 from core.knowledge.classify import infer_page_type
 from core.knowledge.extract import extract_page, normalise_url
 from core.locale import resolve_locale
+from core.tags import normalise_tags
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class JsonlPage(BaseModel):
     title: str = ""
     text: str = Field(min_length=1)
     lang: str | None = None
-    tags: list[str] = Field(default_factory=list)
+    tags: object = Field(default_factory=list)  # checked apart: a bad tag stops the ingest
     visibility: Literal["public", "internal"] = "public"
     page_type: str | None = None
 
@@ -159,7 +160,9 @@ def read_directory(root: Path, base_url: str | None = None) -> Iterator[Document
 
 
 def read_jsonl(path: Path) -> Iterator[Document | ReadError]:
-    """Pages of a .jsonl file; a malformed line is reported with its line number and skipped."""
+    """Pages of a .jsonl file; a malformed line is reported with its line number and skipped.
+    A line with a tag that is none stops the reading (`InvalidInput` naming the line): a
+    page read without its tags could answer where its tags were meant to keep it out."""
     try:
         handle = path.open(encoding="utf-8")
     except OSError as exc:
@@ -195,13 +198,16 @@ def read_jsonl(path: Path) -> Iterator[Document | ReadError]:
                     url if isinstance(url, str) else None,
                 )
                 continue
+            if not isinstance(page.tags, list):
+                raise InvalidInput(f'{path}:{number}: tags: give a list such as ["pricing"]')
+            tags = normalise_tags(page.tags, what=f"{path}:{number}: tags")
             title = page.title or _title_of_markdown(page.text, page.url)
             yield Document(
                 url=page.url,
                 title=title,
                 text=page.text,
                 locale=resolve_locale(page.url, page.lang, page.text),
-                tags=tuple(sorted(set(page.tags))),
+                tags=tags,
                 visibility=page.visibility,
                 page_type=page.page_type or infer_page_type(page.url, title),
             )

@@ -1,13 +1,18 @@
-"""The chat model: any OpenAI-compatible `/chat/completions` endpoint, streamed, with deadlines."""
+"""The chat model: any OpenAI-compatible `/chat/completions` endpoint, streamed or with tool
+calls, with deadlines."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
-from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.chat import (
+    ChatCompletionChunk,
+    ChatCompletionMessageParam,
+    ChatCompletionToolParam,
+)
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -25,7 +30,7 @@ from core.llm.openai_client import (
     is_transient,
     open_client,
 )
-from core.ports import ChatChunk, ChatMessage, ChatModel, Usage
+from core.ports import ChatChunk, ChatMessage, ChatModel, ChatReply, Tool, ToolCall, Usage
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,9 +48,43 @@ def _wire(messages: Sequence[ChatMessage]) -> list[ChatCompletionMessageParam]:
             wire.append({"role": "system", "content": message.content})
         elif message.role == "user":
             wire.append({"role": "user", "content": message.content})
+        elif message.role == "tool":
+            wire.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": message.tool_call_id or "",
+                    "content": message.content,
+                }
+            )
+        elif message.tool_calls:
+            wire.append(
+                {
+                    "role": "assistant",
+                    "content": message.content or None,
+                    "tool_calls": [
+                        {
+                            "id": call.id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": call.arguments},
+                        }
+                        for call in message.tool_calls
+                    ],
+                }
+            )
         else:
             wire.append({"role": "assistant", "content": message.content})
     return wire
+
+
+def _wire_tool(tool: Tool) -> ChatCompletionToolParam:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": dict(tool.parameters),
+        },
+    }
 
 
 def _usage(chunk: ChatCompletionChunk) -> Usage | None:
@@ -180,6 +219,47 @@ class OpenAIChatModel:
         if not completion.choices:
             raise self._failed("complete", name, ValueError("no choices"))
         return completion.choices[0].message.content or ""
+
+    async def respond(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Tool],
+        max_tokens: int,
+        temperature: float,
+        tool_choice: Literal["auto", "none"] = "auto",
+        model: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the ChatModel port asks for it
+    ) -> ChatReply:
+        name = model or self._model
+        try:
+            async with asyncio.timeout(timeout if timeout is not None else self._total_timeout):
+                completion = await self._retrying(
+                    lambda: self._client.chat.completions.create(
+                        model=name,
+                        messages=_wire(messages),
+                        tools=[_wire_tool(t) for t in tools],
+                        tool_choice=tool_choice,
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                    )
+                )
+        except FAILURES as exc:
+            raise self._failed("respond", name, exc) from exc
+        if not completion.choices:
+            raise self._failed("respond", name, ValueError("no choices"))
+        message = completion.choices[0].message
+        calls = tuple(
+            ToolCall(call.id, call.function.name, call.function.arguments)
+            for call in message.tool_calls or ()
+            if call.type == "function"
+        )
+        usage = completion.usage
+        return ChatReply(
+            message.content or "",
+            calls,
+            Usage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,
+        )
 
     async def close(self) -> None:
         await self._client.close()

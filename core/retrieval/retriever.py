@@ -243,16 +243,19 @@ class Retriever:
         """The language folder allowed for this reply language (see the language-folder rule)."""
         if language is None:
             return None
-        key = f"languages:{agent.id}:{agent.knowledge_version}"
-        cached = await self._cache.get(key)
-        if cached is None:
-            languages = await self._search.languages(agent.id)
-            await self._cache.set(key, json.dumps(sorted(languages)), ttl=CACHE_TTL)
-        else:
-            languages = set(json.loads(cached))
-        if language in languages:
+        if language in await self.languages(agent):
             return language
         return language_of(agent.default_language)
+
+    async def languages(self, agent: Agent) -> set[str]:
+        """The languages the agent's pages are written in (cached until its knowledge changes)."""
+        key = f"languages:{agent.id}:{agent.knowledge_version}"
+        cached = await self._cache.get(key)
+        if cached is not None:
+            return set(json.loads(cached))
+        languages = await self._search.languages(agent.id)
+        await self._cache.set(key, json.dumps(sorted(languages)), ttl=CACHE_TTL)
+        return languages
 
     async def _rerank(
         self, question: str, ranked: list[tuple[Candidate, float]]

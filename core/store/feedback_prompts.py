@@ -17,7 +17,7 @@ Connection: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 # Turns that are the bot's answers: not staff's, not a request for a person, not a fixed
 # sentence (welcome, "please type", "thanks for your feedback").
-ANSWER_MODES = ("llm", "extractive", "curated")
+ANSWER_MODES = ("llm", "explore", "extractive", "curated")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,59 @@ class SourceRecord:
     last_crawled_at: datetime | None
     last_error: str | None
     pages: int
+    tags: tuple[str, ...] = ()  # given to every page read from it
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> SourceRecord:
+        return cls(**{**dict(row), "tags": tuple(row["tags"])})
+
+
+@dataclass(frozen=True, slots=True)
+class PageRecord:
+    """A page as staff see it: the tags it carries, and which of them are its own."""
+
+    id: int
+    source_id: int
+    url: str
+    title: str
+    tags: tuple[str, ...]  # its own, its source's and the agent's URL rules'
+    own_tags: tuple[str, ...]  # as staff set them, else as its source gave them
+    own_tags_edited: bool  # staff set them: a re-read of the source keeps them
+    fetched_at: datetime
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> PageRecord:
+        return cls(**{**dict(row), "tags": tuple(row["tags"]), "own_tags": tuple(row["own_tags"])})
+
+
+_SOURCE = """SELECT s.id, s.agent_id, s.kind, s.location, s.status, s.last_crawled_at,
+                    s.last_error, (SELECT count(*) FROM pages p WHERE p.source_id = s.id) AS pages,
+                    s.tags
+               FROM sources s"""
+_PAGE = """SELECT id, source_id, url, title, tags, coalesce(staff_tags, own_tags) AS own_tags,
+                  staff_tags IS NOT NULL AS own_tags_edited, fetched_at
+             FROM pages"""
+# Every page's tags (and its chunks') made anew from its own, its source's and its agent's
+# URL rules, in one statement; only pages whose tags change are written. Narrowed to one
+# source ($2) or one page ($3) when given; the number of pages changed comes back.
+_RETAG = """
+    WITH next AS (
+        SELECT p.id,
+               parley_page_tags(p.url, coalesce(p.staff_tags, p.own_tags), s.tags,
+                                (SELECT a.settings -> 'tag_rules' FROM agents a WHERE a.id = $1))
+                   AS tags
+          FROM pages p JOIN sources s ON s.id = p.source_id
+         WHERE p.agent_id = $1
+           AND ($2::bigint IS NULL OR p.source_id = $2)
+           AND ($3::bigint IS NULL OR p.id = $3)),
+    changed AS (
+        UPDATE pages p SET tags = next.tags FROM next
+         WHERE p.id = next.id AND p.tags <> next.tags
+        RETURNING p.id, p.tags),
+    chunks_changed AS (
+        UPDATE chunks c SET tags = changed.tags FROM changed
+         WHERE c.page_id = changed.id AND c.tags <> changed.tags)
+    SELECT count(*) FROM changed"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,25 +140,69 @@ class KnowledgeStore:
         )
 
     async def list_sources(self, agent_id: int) -> list[SourceRecord]:
-        rows = await self._pool.fetch(
-            """SELECT s.id, s.agent_id, s.kind, s.location, s.status, s.last_crawled_at,
-                      s.last_error, (SELECT count(*) FROM pages p WHERE p.source_id = s.id) AS pages
-                 FROM sources s WHERE s.agent_id = $1 ORDER BY s.id""",
-            agent_id,
-        )
-        return [SourceRecord(**dict(r)) for r in rows]
+        rows = await self._pool.fetch(f"{_SOURCE} WHERE s.agent_id = $1 ORDER BY s.id", agent_id)
+        return [SourceRecord.from_row(r) for r in rows]
 
     async def get_source(self, agent_id: int, source_id: int) -> SourceRecord:
         row = await self._pool.fetchrow(
-            """SELECT s.id, s.agent_id, s.kind, s.location, s.status, s.last_crawled_at,
-                      s.last_error, (SELECT count(*) FROM pages p WHERE p.source_id = s.id) AS pages
-                 FROM sources s WHERE s.agent_id = $1 AND s.id = $2""",
-            agent_id,
-            source_id,
+            f"{_SOURCE} WHERE s.agent_id = $1 AND s.id = $2", agent_id, source_id
         )
         if row is None:
             raise NotFound(f"no source {source_id} for this agent")
-        return SourceRecord(**dict(row))
+        return SourceRecord.from_row(row)
+
+    async def set_source_tags(self, agent_id: int, source_id: int, tags: Sequence[str]) -> int:
+        """Give the source these tags, and its pages and their chunks at once; returns the
+        number of pages whose tags changed (the knowledge version moves when any did)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            updated = await conn.execute(
+                "UPDATE sources SET tags = $3 WHERE id = $2 AND agent_id = $1",
+                agent_id,
+                source_id,
+                list(tags),
+            )
+            if updated == "UPDATE 0":
+                raise NotFound(f"no source {source_id} for this agent")
+            return await _retag(conn, agent_id, source_id=source_id)
+
+    async def list_pages(
+        self, agent_id: int, source_id: int, *, after: int = 0, limit: int = 100
+    ) -> list[PageRecord]:
+        """The source's pages by id, from the first after ``after``."""
+        rows = await self._pool.fetch(
+            f"""{_PAGE} WHERE agent_id = $1 AND source_id = $2 AND id > $3
+                 ORDER BY id LIMIT $4""",
+            agent_id,
+            source_id,
+            after,
+            limit,
+        )
+        return [PageRecord.from_row(r) for r in rows]
+
+    async def set_page_tags(
+        self, agent_id: int, page_id: int, tags: Sequence[str] | None
+    ) -> PageRecord:
+        """Staff's own tags for a page (None: those its source gives it again); the page's
+        chunks carry the result in the same transaction."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            updated = await conn.execute(
+                "UPDATE pages SET staff_tags = $3 WHERE id = $2 AND agent_id = $1",
+                agent_id,
+                page_id,
+                None if tags is None else list(tags),
+            )
+            if updated == "UPDATE 0":
+                raise NotFound(f"no page {page_id} for this agent")
+            await _retag(conn, agent_id, page_id=page_id)
+            row = await conn.fetchrow(f"{_PAGE} WHERE id = $1", page_id)
+        assert row is not None
+        return PageRecord.from_row(row)
+
+    async def retag(self, agent_id: int, *, source_id: int | None = None) -> int:
+        """Make the tags of the agent's pages (or one source's) anew, after its URL rules
+        changed or a source was read again; returns the number of pages changed."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            return await _retag(conn, agent_id, source_id=source_id)
 
     async def save_text(self, agent_id: int, url: str, text: str) -> int:
         """A source of pasted text, kept with it so that it can be indexed again."""
@@ -158,7 +255,7 @@ class KnowledgeStore:
         """Insert or replace a page and all its chunks in one transaction."""
         folder = folder_language(doc.url)
         async with self._pool.acquire() as conn, conn.transaction():
-            page_id = await _upsert_page(conn, agent_id, source_id, doc)
+            page_id, tags = await _upsert_page(conn, agent_id, source_id, doc)
             await conn.execute("DELETE FROM chunks WHERE page_id = $1", page_id)
             await conn.copy_records_to_table(
                 "chunks",
@@ -184,7 +281,7 @@ class KnowledgeStore:
                         chunk.text,
                         doc.locale,
                         doc.visibility,
-                        list(doc.tags),
+                        tags,
                         doc.page_type,
                         vector,
                         folder,
@@ -225,19 +322,31 @@ class KnowledgeStore:
             return await bump_knowledge_version(conn, agent_id)
 
 
-async def _upsert_page(conn: Connection, agent_id: int, source_id: int, doc: Document) -> int:
-    page_id: int = await conn.fetchval(
-        """INSERT INTO pages (agent_id, source_id, url, title, locale, visibility, tags,
-                              page_type, product, content_hash, etag, last_modified)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+async def _upsert_page(
+    conn: Connection, agent_id: int, source_id: int, doc: Document
+) -> tuple[int, list[str]]:
+    """The page's id, and the tags it carries: its own (``doc.tags``, unless staff set them),
+    its source's and those of the agent's URL rules it matches."""
+    row = await conn.fetchrow(
+        """INSERT INTO pages (agent_id, source_id, url, title, locale, visibility, own_tags,
+                              tags, page_type, product, content_hash, etag, last_modified)
+           VALUES ($1, $2, $3, $4, $5, $6, $7,
+                   parley_page_tags($3, $7, (SELECT tags FROM sources WHERE id = $2),
+                                    (SELECT settings -> 'tag_rules' FROM agents WHERE id = $1)),
+                   $8, $9, $10, $11, $12)
            ON CONFLICT (agent_id, url) DO UPDATE SET
                source_id = EXCLUDED.source_id, title = EXCLUDED.title,
                locale = EXCLUDED.locale, visibility = EXCLUDED.visibility,
-               tags = EXCLUDED.tags, page_type = EXCLUDED.page_type,
+               own_tags = EXCLUDED.own_tags,
+               tags = parley_page_tags(
+                   EXCLUDED.url, coalesce(pages.staff_tags, EXCLUDED.own_tags),
+                   (SELECT tags FROM sources WHERE id = EXCLUDED.source_id),
+                   (SELECT settings -> 'tag_rules' FROM agents WHERE id = EXCLUDED.agent_id)),
+               page_type = EXCLUDED.page_type,
                product = EXCLUDED.product, content_hash = EXCLUDED.content_hash,
                etag = EXCLUDED.etag, last_modified = EXCLUDED.last_modified,
                fetched_at = now()
-           RETURNING id""",
+           RETURNING id, tags""",
         agent_id,
         source_id,
         doc.url,
@@ -251,7 +360,18 @@ async def _upsert_page(conn: Connection, agent_id: int, source_id: int, doc: Doc
         doc.etag,
         doc.last_modified,
     )
-    return page_id
+    assert row is not None
+    return row["id"], list(row["tags"])
+
+
+async def _retag(
+    conn: Connection, agent_id: int, *, source_id: int | None = None, page_id: int | None = None
+) -> int:
+    """`_RETAG` on ``conn``; the knowledge version moves when a page's tags changed."""
+    changed: int = await conn.fetchval(_RETAG, agent_id, source_id, page_id)
+    if changed:
+        await bump_knowledge_version(conn, agent_id)
+    return changed
 
 
 async def bump_knowledge_version(conn: Connection, agent_id: int) -> int:

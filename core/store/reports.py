@@ -21,6 +21,10 @@ REHEARSAL_CHANNELS = ("playground", "test")
 # token arrived, in milliseconds from the start of generation (core/answer/pipeline.py).
 FIRST_TOKEN_KEY = "first_token"  # noqa: S105 (a trace key, not a secret)
 
+# Turns in which the bot answered no question: staff held them, the visitor asked for a
+# person, said hello or thanks, or had run out of quota (core/answer/quotas.py).
+NO_ANSWER_MODES = ("staff", "handoff", "smalltalk", "quota")
+
 # Feedback (migration 0013): a thumbs up or down on a turn. Read only once the table exists.
 _FEEDBACK_FACTS = """
     UNION ALL
@@ -52,6 +56,7 @@ def _facts(feedback: bool) -> str:
         feedback_facts = _FEEDBACK_FACTS.format(
             day=feedback_day, channel="CASE WHEN $7 THEN t.channel END"
         )
+    no_answer = ", ".join(f"'{mode}'" for mode in NO_ANSWER_MODES)  # constants, no input
     return f"""
     WITH scope AS (
         SELECT c.id, c.channel FROM conversations c
@@ -81,6 +86,14 @@ def _facts(feedback: bool) -> str:
         SELECT {resolved_day}, {channel}, 'resolved', r.conversation_id, NULL
           FROM conversation_resolutions r JOIN scope c ON c.id = r.conversation_id
          WHERE r.resolved_at >= $3 AND r.resolved_at < $4
+        UNION ALL
+        -- an answer of the bot's, and whether the answer cache gave it (mode 'cached')
+        SELECT {turn_day}, {channel},
+               CASE WHEN t.mode = 'cached' THEN 'cached' ELSE 'answered' END,
+               t.conversation_id, NULL
+          FROM turns t JOIN scope c ON c.id = t.conversation_id
+         WHERE t.created_at >= $3 AND t.created_at < $4
+           AND t.mode NOT IN ({no_answer})
         UNION ALL
         SELECT {turn_day}, {channel}, 'first_token', t.conversation_id,
                (t.trace -> 'timings_ms' ->> '{FIRST_TOKEN_KEY}')::float8
@@ -131,7 +144,9 @@ def _facts(feedback: bool) -> str:
            percentile_cont(0.9) WITHIN GROUP (ORDER BY value)
                FILTER (WHERE kind = 'first_token') AS first_token_ms_p90,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY value)
-               FILTER (WHERE kind = 'staff_response') AS staff_first_response_s_median
+               FILTER (WHERE kind = 'staff_response') AS staff_first_response_s_median,
+           count(*) FILTER (WHERE kind IN ('answered', 'cached')) AS answered,
+           count(*) FILTER (WHERE kind = 'cached') AS cached
       FROM facts
      GROUP BY day, channel
      ORDER BY day NULLS FIRST, channel NULLS FIRST"""
@@ -153,11 +168,18 @@ class Figures:
     first_token_ms_median: float | None
     first_token_ms_p90: float | None
     staff_first_response_s_median: float | None
+    answered: int = 0  # answers the bot gave (from the model, curated, cached...)
+    cached: int = 0  # of those, from the answer cache
 
     @property
     def thumbs_up_rate(self) -> float | None:
         rated = self.thumbs_up + self.thumbs_down
         return self.thumbs_up / rated if rated else None
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """Answers from the answer cache / all the bot's answers; None: it answered none."""
+        return self.cached / self.answered if self.answered else None
 
 
 @dataclass(frozen=True, slots=True)

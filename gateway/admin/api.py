@@ -38,6 +38,15 @@ from core.store.privacy import Customer
 from core.store.reports import Figures, period_bounds
 from core.store.staff import Role
 from core.store.transcripts import ConversationFilter
+from core.tags import (
+    CHANNEL_FILTERS,
+    EXCLUDE_TAGS,
+    INCLUDE_TAGS,
+    TAG_RULES,
+    TAG_SETTINGS,
+    channel_filters,
+    tag_rules,
+)
 from core.turns import TurnEvent, TurnRequest
 from gateway.admin import schemas as s
 from gateway.admin.auth import STAFF, Staff
@@ -263,7 +272,7 @@ async def patch_staff(call: Call) -> s.StaffMemberOut:
 
 _HANDOFF_SETTINGS = ("business_hours", "handoff_enabled", "handoff_text", "out_of_hours_text")
 # Settings with a field of their own, besides handoff's: not repeated among the others.
-_NAMED_SETTINGS = (*_HANDOFF_SETTINGS, FEEDBACK_PROMPT)
+_NAMED_SETTINGS = (*_HANDOFF_SETTINGS, FEEDBACK_PROMPT, *TAG_SETTINGS)
 _COLUMNS = (
     "name",
     "persona",
@@ -321,6 +330,7 @@ def agent_out(agent: Agent) -> s.AgentOut:
         handoff_text=settings.get("handoff_text") or None,
         out_of_hours_text=settings.get("out_of_hours_text") or None,
         feedback_prompt=asks_for_feedback(settings),
+        **_tag_settings_out(settings),
         settings={
             k: v for k, v in settings.items() if k not in blocks and k not in _NAMED_SETTINGS
         },
@@ -332,8 +342,47 @@ def agent_out(agent: Agent) -> s.AgentOut:
     )
 
 
+def _tag_settings_out(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent's tag filters and URL rules as AgentOut shows them."""
+    lists = {
+        key: [str(t) for t in value] if isinstance(value := settings.get(key), list) else []
+        for key in (INCLUDE_TAGS, EXCLUDE_TAGS)
+    }
+    try:
+        rules = list(tag_rules(settings.get(TAG_RULES)))
+    except InvalidInput:
+        rules = []  # not set through this API, and not in a shape it would take
+    filters = {c.name: channel_filters(settings, c.name) for c in CHANNELS}
+    return {
+        **lists,
+        TAG_RULES: rules,
+        CHANNEL_FILTERS: {n: f for n, f in filters.items() if f.include_tags or f.exclude_tags},
+    }
+
+
+def _patch_tag_settings(settings: dict[str, Any], body: s.AgentPatch) -> None:
+    """The tag filters and URL rules the body gives, stored as the pipeline and the SQL that
+    tags pages read them; an empty one is not stored."""
+    given = body.model_fields_set
+    for key in (INCLUDE_TAGS, EXCLUDE_TAGS):
+        if key in given:
+            settings[key] = list(getattr(body, key) or [])
+    if TAG_RULES in given:
+        settings[TAG_RULES] = [rule.model_dump() for rule in body.tag_rules or []]
+    if CHANNEL_FILTERS in given:
+        settings[CHANNEL_FILTERS] = {
+            name: f.model_dump()
+            for name, f in (body.channel_filters or {}).items()
+            if f.include_tags or f.exclude_tags
+        }
+    for key in TAG_SETTINGS:
+        if key in settings and not settings[key]:
+            del settings[key]
+
+
 def _patched_settings(agent: Agent, body: s.AgentPatch) -> dict[str, Any]:
     settings = dict(agent.settings)
+    _patch_tag_settings(settings, body)
     given = body.model_fields_set
     for key in _HANDOFF_SETTINGS:
         if key in given:
@@ -429,7 +478,12 @@ async def patch_agent(call: Call) -> s.AgentOut:
     settings = _patched_settings(agent, body)
     if settings != agent.settings:
         changes["settings"] = settings
-    return agent_out(await call.admin.agents.update(agent.slug, **changes))
+    changed = await call.admin.agents.update(agent.slug, **changes)
+    rules_changed = changed.settings.get(TAG_RULES) != agent.settings.get(TAG_RULES)
+    # The stored pages and their chunks carry the new rules' tags at once.
+    if rules_changed and await call.admin.sources.retag(changed):
+        changed = await call.agent()  # with the knowledge version that moved
+    return agent_out(changed)
 
 
 @operation(
@@ -885,7 +939,7 @@ async def add_source(call: Call) -> s.SourceOut:
         spec = SourceSpec("text", body.url or _text_url(body.title or ""), text)
     else:
         spec = SourceSpec(body.kind, body.url or "")
-    return _source_out(call, await call.admin.sources.add(agent, spec))
+    return _source_out(call, await call.admin.sources.add(agent, spec, body.tags))
 
 
 @operation(
@@ -893,6 +947,54 @@ async def add_source(call: Call) -> s.SourceOut:
 )
 async def get_source(call: Call) -> s.SourceOut:
     return _source_out(call, await call.admin.sources.get(await call.agent(), call.id()))
+
+
+@operation(
+    "PATCH",
+    r"/agents/{agent}/sources/{id:\d+}",
+    "Change a source's tags; its pages carry them at once",
+    "sources",
+    body=s.SourcePatch,
+    response=s.SourceOut,
+)
+async def patch_source(call: Call) -> s.SourceOut:
+    body: s.SourcePatch = call.body
+    agent = await call.agent()
+    return _source_out(call, await call.admin.sources.set_tags(agent, call.id(), body.tags))
+
+
+@operation(
+    "GET",
+    r"/agents/{agent}/sources/{id:\d+}/pages",
+    "A source's pages with their tags",
+    "sources",
+    query=s.PageQuery,
+    response=s.PageList,
+)
+async def list_pages(call: Call) -> s.PageList:
+    query: s.PageQuery = call.query
+    pages = await call.admin.sources.pages(
+        await call.agent(), call.id(), after=query.after, limit=query.limit + 1
+    )
+    shown = pages[: query.limit]
+    return s.PageList(
+        items=[s.PageOut.model_validate(p) for p in shown],
+        next_after=shown[-1].id if len(pages) > query.limit else None,
+    )
+
+
+@operation(
+    "PATCH",
+    r"/agents/{agent}/pages/{page:\d+}",
+    "Change a page's own tags; its chunks carry them at once",
+    "sources",
+    body=s.PagePatch,
+    response=s.PageOut,
+)
+async def patch_page(call: Call) -> s.PageOut:
+    body: s.PagePatch = call.body
+    page = await call.admin.sources.tag_page(await call.agent(), call.id("page"), body.own_tags)
+    return s.PageOut.model_validate(page)
 
 
 @operation(

@@ -38,6 +38,17 @@ class SourcesData(Out):
     sources: list[SourceData] = Field(description="the sources shown with the answer")
 
 
+class RelatedPageData(Out):
+    title: str
+    url: str
+
+
+class RelatedData(Out):
+    related: list[RelatedPageData] = Field(
+        description="up to three pages to read on that the answer did not show as sources"
+    )
+
+
 class DoneData(Out):
     conversation_id: int
     turn_id: int
@@ -68,6 +79,7 @@ TURN_EVENTS: Events = (
     ("status", StatusData),
     ("token", TokenData),
     ("sources", SourcesData),
+    ("related", RelatedData),
     ("done", DoneData),
     ("error", ErrorData),
 )

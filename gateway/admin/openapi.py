@@ -14,6 +14,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from channels.api import TurnBody
 from channels.base import Channel, WebhookDoc
+from channels.knowledge_api import ProcessBody, ProcessOut, SearchBody, SearchOut
 from channels.registry import CHANNELS
 from channels.web import ChatBody, ClearBody, FeedbackBody
 from core.store.database import MAX_ID
@@ -93,8 +94,8 @@ _CHANNEL_ROUTES = (
         stream=True,
         events=TURN_EVENTS,
         security="widget_key",
-        description="Events: status, token, sources, then done or error. Over the rate "
-        "limit, the 429 is an error event too.",
+        description="Events: status, token, sources, related (when there are pages to read "
+        "on), then done or error. Over the rate limit, the 429 is an error event too.",
         limited_as_event=True,
     ),
     _Doc(
@@ -159,6 +160,32 @@ _CHANNEL_ROUTES = (
         "channels",
         body=TurnBody,
         security="api_key",
+    ),
+    _Doc(
+        "POST",
+        "/api/v1/pipelines/{agent:[^/:]+}:process",
+        "pipeline_process",
+        "A question answered from the agent's knowledge (the knowledge-query contract)",
+        "channels",
+        body=ProcessBody,
+        response=ProcessOut,
+        security="api_key",
+        description="previous_messages stands for the conversation (user and assistant "
+        "turns, oldest first) instead of what the session remembers; filters narrow the "
+        "pages by tag, on top of the agent's own filters. parameters takes only page; an "
+        "unknown field or parameter is refused (400, naming it). 503 when the model fails.",
+    ),
+    _Doc(
+        "POST",
+        "/api/v1/pipelines/{agent:[^/:]+}:search",
+        "pipeline_search",
+        "The agent's best pages for a query, with the passages found on each",
+        "channels",
+        body=SearchBody,
+        response=SearchOut,
+        security="api_key",
+        description="One result per page, best first, whether or not it clears the agent's "
+        "threshold (passed says). filters narrow the pages by tag, on top of the agent's own.",
     ),
 )
 

@@ -24,9 +24,12 @@ from pydantic import (
 from channels.base import Channel, TemplateIdField
 from channels.credentials import CredentialField
 from channels.registry import CHANNELS, channel_names
+from core.answer.explore import check_settings as check_exploration_settings
+from core.answer.gates import GATES
 from core.errors import InvalidInput
 from core.patterns import compile_pattern
 from core.store.database import MAX_ID
+from core.tags import MAX_RULES, TAG_SETTINGS, TagFilters, TagList, TagRule
 from core.turns import MAX_MESSAGE_CHARS, PageContext
 
 _LANGUAGE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$"
@@ -446,6 +449,35 @@ _FEEDBACK_PROMPT = (
 )
 
 
+_INCLUDE_TAGS = (
+    "only pages with one of these tags answer, on every channel (none: any page); a "
+    "request's own filters add to them"
+)
+_EXCLUDE_TAGS = "pages with one of these tags never answer, on any channel"
+_TAG_RULES = (
+    "pages whose URL path matches a rule's pattern carry its tags (* matches any characters, "
+    "? one); a change retags the stored pages at once"
+)
+_CHANNEL_FILTERS = (
+    "by messaging channel (whatsapp, telegram, meta), tag filters its answers use on top of "
+    "the agent's own"
+)
+
+
+def _messaging_channel(value: str) -> str:
+    if value not in {c.name for c in CHANNELS}:
+        names = ", ".join(c.name for c in CHANNELS)
+        raise ValueError(f"{value!r} is not a messaging channel; give one of {names}")
+    return value
+
+
+MessagingChannel = Annotated[
+    str,
+    AfterValidator(_messaging_channel),
+    WithJsonSchema({"type": "string", "enum": [c.name for c in CHANNELS]}),
+]
+
+
 class AgentOut(Out):
     slug: str
     name: str
@@ -462,6 +494,12 @@ class AgentOut(Out):
     handoff_text: str | dict[str, str] | None = None
     out_of_hours_text: str | dict[str, str] | None = None
     feedback_prompt: bool = Field(False, description=_FEEDBACK_PROMPT)
+    include_tags: list[str] = Field(default_factory=list, description=_INCLUDE_TAGS)
+    exclude_tags: list[str] = Field(default_factory=list, description=_EXCLUDE_TAGS)
+    tag_rules: list[TagRule] = Field(default_factory=list, description=_TAG_RULES)
+    channel_filters: dict[str, TagFilters] = Field(
+        default_factory=dict, description=_CHANNEL_FILTERS
+    )
     settings: dict[str, Any] = Field(
         description="other settings (rate limits, guardrails...); channel secrets left out"
     )
@@ -498,6 +536,21 @@ def _check_known_settings(settings: dict[str, Any]) -> None:
     words = settings.get("max_words")
     if words is not None and not (type(words) is int and 1 <= words <= MAX_WORDS):
         raise ValueError(f"max_words: give a whole number from 1 to {MAX_WORDS}")
+    gates = settings.get("answer_gates")
+    if gates is not None and not (isinstance(gates, list) and set(gates) <= set(GATES)):
+        raise ValueError(f"answer_gates: give a list of {', '.join(GATES)} (or [] for none)")
+    _check_answer_cache_and_quotas(settings)
+    check_exploration_settings(settings)
+
+
+def _check_answer_cache_and_quotas(settings: dict[str, Any]) -> None:
+    cache = settings.get("answer_cache")
+    if cache is not None and not isinstance(cache, bool):
+        raise ValueError("answer_cache: give true or false")
+    for key in ("quota_visitor_day", "quota_agent_month"):
+        limit = settings.get(key)
+        if limit is not None and not (type(limit) is int and limit >= 0):
+            raise ValueError(f"{key}: give a whole number of answers, 0 for unlimited")
 
 
 class AgentPatch(Body):
@@ -520,6 +573,14 @@ class AgentPatch(Body):
     handoff_text: str | dict[str, str] | None = None
     out_of_hours_text: str | dict[str, str] | None = None
     feedback_prompt: bool | None = Field(None, description=_FEEDBACK_PROMPT + "; null: off")
+    include_tags: TagList | None = Field(None, description=_INCLUDE_TAGS + "; null: none")
+    exclude_tags: TagList | None = Field(None, description=_EXCLUDE_TAGS + "; null: none")
+    tag_rules: list[TagRule] | None = Field(
+        None, max_length=MAX_RULES, description=_TAG_RULES + "; replaces the stored rules"
+    )
+    channel_filters: dict[MessagingChannel, TagFilters] | None = Field(
+        None, description=_CHANNEL_FILTERS + "; replaces the stored ones (null: none)"
+    )
     settings: dict[str, Any] | None = Field(
         None, description="merged into the agent's other settings; a key set to null is removed"
     )
@@ -539,6 +600,9 @@ class AgentPatch(Body):
         reserved = {c.block for c in CHANNELS} & set(value or {})
         if reserved:
             raise ValueError(f"set {', '.join(sorted(reserved))} through channels")
+        named = set(TAG_SETTINGS) & set(value or {})
+        if named:
+            raise ValueError(f"set {', '.join(sorted(named))} with the field of that name")
         _check_known_settings(value or {})
         return value
 
@@ -890,6 +954,12 @@ class ReportFiguresOut(Out):
     staff_first_response_s_median: float | None = Field(
         description="seconds from a customer's message to staff's first reply to it"
     )
+    cached: int = Field(0, description="answers given from the answer cache")
+    cache_hit_rate: float | None = Field(
+        None,
+        description="answers from the answer cache / all answers of the bot (not staff's, "
+        "small talk or quota messages); null: none",
+    )
 
 
 class ReportGapOut(Out):
@@ -922,6 +992,8 @@ class ReportOut(Out):
 
 # -- sources --------------------------------------------------------------------------------
 
+_SOURCE_TAGS = "the source's own tags: every page read from it carries them"
+
 
 class SourceOut(Out):
     id: int
@@ -931,6 +1003,7 @@ class SourceOut(Out):
     last_crawled_at: datetime | None
     last_error: str | None
     pages: int
+    tags: list[str] = Field(default_factory=list, description=_SOURCE_TAGS)
     running: bool = Field(False, description="being indexed by this gateway right now")
 
 
@@ -938,10 +1011,53 @@ class SourceList(Out):
     items: list[SourceOut]
 
 
+class SourcePatch(Body):
+    tags: TagList = Field(
+        description=_SOURCE_TAGS + "; replaces them, and its pages carry the new ones at once"
+    )
+
+
+class PageQuery(Query):
+    after: int = Field(0, ge=0, le=MAX_ID, description="next_after of the last page of pages")
+    limit: int = Field(100, ge=1, le=500)
+
+
+class PageOut(Out):
+    id: int
+    source_id: int
+    url: str
+    title: str
+    tags: list[str] = Field(
+        description="all it carries: its own, its source's and the agent's URL rules'"
+    )
+    own_tags: list[str] = Field(
+        description="its own: as staff set them, else as its source gave them (a .jsonl line)"
+    )
+    own_tags_edited: bool = Field(
+        description="staff set its own tags: reading the source again keeps them"
+    )
+    fetched_at: datetime
+
+
+class PageList(Out):
+    items: list[PageOut]
+    next_after: int | None = Field(description="pass as after for the next ones; null: no more")
+
+
+class PagePatch(Body):
+    own_tags: TagList | None = Field(
+        description="the page's own tags (replacing those its source gave it); null: those "
+        "its source gives it again. Its chunks carry the result at once"
+    )
+
+
 class SourceBody(Body):
     """A page or site to crawl (url), a sitemap, or text to index as one page."""
 
     kind: Literal["url", "sitemap", "text"]
+    tags: TagList | None = Field(
+        None, description=_SOURCE_TAGS + "; null: those it has (none for a new source)"
+    )
     url: str | None = Field(
         None, max_length=2048, description="what to crawl; for text, the URL it is cited under"
     )

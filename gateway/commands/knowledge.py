@@ -15,6 +15,7 @@ from core.knowledge.sources import SourceSpec, parse_source
 from core.store import Agents
 from core.store.knowledge import KnowledgeStore, SourceRecord, reembed_agent
 from core.store.vector_index import EmbedderIdentity
+from core.tags import normalise_tags
 from gateway.runtime import Runtime
 
 
@@ -27,6 +28,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ingest.add_argument(
         "--base-url",
         help="public URL of a folder's files (default: their path, e.g. /en/shipping.html)",
+    )
+    ingest.add_argument(
+        "--tag",
+        action="append",
+        metavar="TAG",
+        help="a tag for every page of these sources (repeat for more; replaces the tags the "
+        "source had; without --tag it keeps them)",
     )
     source = commands.add_parser("source", help="list or remove an agent's sources")
     actions = source.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -110,6 +118,7 @@ def _report_failure(spec: SourceSpec, report: IngestReport) -> None:
 async def ingest(args: argparse.Namespace, runtime: Runtime) -> int:
     """Ingest each source; unreadable parts are listed, the rest is indexed. Exit 1 on errors."""
     _check_base_url(args.base_url)
+    tags = normalise_tags(args.tag, what="--tag") if args.tag else None
     specs = [parse_source(s) for s in args.sources]
     agent = await Agents(runtime.database.pool).get(args.agent)
     ingestor = Ingestor(
@@ -123,7 +132,9 @@ async def ingest(args: argparse.Namespace, runtime: Runtime) -> int:
             _warn_local_citations(spec)
         bar = _IngestBar(_label(spec), sys.stderr) if sys.stderr.isatty() else None
         try:
-            report = await ingestor.ingest(agent, spec, base_url=args.base_url, on_progress=bar)
+            report = await ingestor.ingest(
+                agent, spec, base_url=args.base_url, on_progress=bar, tags=tags
+            )
         finally:
             if bar is not None:
                 bar.close()

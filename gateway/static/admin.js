@@ -257,7 +257,9 @@
         reply.setAttribute("data-state", "streaming");
         return readEvents(response, function (kind, data) {
           if (kind === "status") {
-            status.textContent = steps[data.step] || data.step;
+            status.textContent = data.step === "reading" && typeof data.page === "string"
+              ? "Reading " + data.page + "…"
+              : steps[data.step] || data.step;
           } else if (kind === "token") {
             status.hidden = true;
             answer.textContent += data.text;

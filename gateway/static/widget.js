@@ -2,9 +2,11 @@
  *
  *   <script src="https://gateway.example/widget.js" data-agent="demo" data-key="pk_..." async></script>
  *
- * Optional: data-color="#0f766e" (brand colour, hex). The API base is derived from this
- * script's own src. Everything lives in a shadow root, so the page's CSS cannot reach it,
- * and model or source text only ever enters the DOM as text nodes (never innerHTML).
+ * Optional: data-color="#0f766e" (brand colour, hex); data-include-tags="pricing,lang:nl"
+ * and data-exclude-tags="internal" (only / never pages with these tags answer here). The API
+ * base is derived from this script's own src. Everything lives in a shadow root, so the
+ * page's CSS cannot reach it, and model or source text only ever enters the DOM as text
+ * nodes (never innerHTML).
  */
 (() => {
   "use strict";
@@ -34,6 +36,22 @@
   const COLOR = /^#[0-9a-f]{3}([0-9a-f]{3})?$/i.test(script.getAttribute("data-color") || "")
     ? script.getAttribute("data-color")
     : null;
+  // data-include-tags="pricing,lang:nl" / data-exclude-tags: only (or never) pages with these
+  // tags answer here, besides the agent's own filters. A tag the gateway would refuse is left
+  // out (with a warning), so that one typo does not stop every question.
+  const TAG = /^[\p{L}\p{N}_][\p{L}\p{N}_:/.-]{0,63}$/u;
+  function tagsOf(name) {
+    const tags = [];
+    for (const raw of (script.getAttribute(name) || "").split(",")) {
+      const tag = raw.trim().toLowerCase();
+      if (!tag) continue;
+      if (!TAG.test(tag)) console.warn(`Parley widget: ${name}: "${raw.trim()}" is not a tag`);
+      else if (!tags.includes(tag) && tags.length < 32) tags.push(tag);
+    }
+    return tags;
+  }
+  const FILTERS = { include_tags: tagsOf("data-include-tags"), exclude_tags: tagsOf("data-exclude-tags") };
+  const HAS_FILTERS = FILTERS.include_tags.length > 0 || FILTERS.exclude_tags.length > 0;
 
   // ---------------------------------------------------------------- UI strings
 
@@ -48,9 +66,11 @@
       close: "Close chat",
       searching: "Searching…",
       reading: "Reading…",
+      readingPage: "Reading {page}…",
       answering: "Answering…",
       sources: "Sources",
       source: "Source",
+      related: "Related reading",
       you: "You",
       assistant: "Assistant",
       retry: "Try again",
@@ -85,9 +105,11 @@
       close: "Chat sluiten",
       searching: "Zoeken…",
       reading: "Lezen…",
+      readingPage: "{page} lezen…",
       answering: "Antwoorden…",
       sources: "Bronnen",
       source: "Bron",
+      related: "Lees ook",
       you: "Jij",
       assistant: "Assistent",
       retry: "Opnieuw proberen",
@@ -122,9 +144,11 @@
       close: "Chat schließen",
       searching: "Suche…",
       reading: "Lese…",
+      readingPage: "Lese {page}…",
       answering: "Antworte…",
       sources: "Quellen",
       source: "Quelle",
+      related: "Weiterlesen",
       you: "Sie",
       assistant: "Assistent",
       retry: "Erneut versuchen",
@@ -162,9 +186,11 @@
       close: "Fermer le chat",
       searching: "Recherche…",
       reading: "Lecture…",
+      readingPage: "Lecture de {page}…",
       answering: "Rédaction…",
       sources: "Sources",
       source: "Source",
+      related: "À lire aussi",
       you: "Vous",
       assistant: "Assistant",
       retry: "Réessayer",
@@ -786,6 +812,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
 }
 .msg.bot.error { background: #fff6f4; border-color: #f4cfc6; color: #8a2c1b; }
 .status { display: flex; align-items: center; gap: 8px; min-height: 22px; color: var(--muted); font-size: 14px; }
+.status-text { min-width: 0; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .dots { display: inline-flex; gap: 3px; }
 .dots span { width: 6px; height: 6px; border-radius: 50%; background: currentColor; opacity: .35; animation: blink 1.2s infinite ease-in-out; }
 .dots span:nth-child(2) { animation-delay: .15s; }
@@ -814,6 +841,23 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
 .sources li { display: flex; gap: 6px; align-items: baseline; margin: 3px 0; }
 .sources li a { min-width: 0; } /* a long address or title wraps instead of widening the list */
 .sources .n { flex: none; color: var(--muted); font-size: 12px; font-variant-numeric: tabular-nums; }
+.related { margin-top: 10px; padding-top: 8px; border-top: 1px solid var(--line); }
+.related-heading { margin: 0 0 6px; color: var(--muted); font-size: 12px; font-weight: 600; letter-spacing: .02em; }
+.related ul { margin: 0; padding: 0; list-style: none; display: flex; flex-direction: column; gap: 6px; }
+.related li { min-width: 0; }
+.related-card {
+  display: flex; flex-direction: column; gap: 1px; min-width: 0; padding: 7px 10px;
+  border: 1px solid var(--line); border-radius: 10px; background: #f8fafc; text-decoration: none;
+}
+.related-card:hover { border-color: var(--pc); background: #fff; }
+/* the title: two lines at most (the whole of it stays the link's name for screen readers) */
+.related-card .card-title {
+  display: -webkit-box; -webkit-box-orient: vertical; -webkit-line-clamp: 2; line-clamp: 2; overflow: hidden;
+  color: var(--pc); font-size: 13px; font-weight: 600; line-height: 18px;
+}
+.related-card:hover .card-title { text-decoration: underline; text-underline-offset: 2px; }
+/* where the link leads: one line, cut short with an ellipsis */
+.related-card .card-where { overflow: hidden; color: var(--muted); font-size: 12px; line-height: 16px; white-space: nowrap; text-overflow: ellipsis; }
 .retry {
   margin-top: 8px; padding: 4px 12px; border: 1px solid currentColor; border-radius: 999px;
   background: transparent; color: inherit; font-size: 13px; cursor: pointer;
@@ -1081,11 +1125,13 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       ]);
       const answer = h("div", { class: "answer" });
       const sourcesBox = h("div", { class: "sources", hidden: true });
+      const relatedBox = h("div", { class: "related", hidden: true });
       const el = h("div", { class: "msg bot", "data-state": "waiting" }, [
         h("span", { class: "sr-only", text: `${T.assistant}: ` }),
         status,
         answer,
         sourcesBox,
+        relatedBox,
       ]);
       log.append(el);
       return {
@@ -1094,9 +1140,11 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
         statusText,
         answer,
         sourcesBox,
+        relatedBox,
         question: "",
         text: "",
         sources: [],
+        related: [],
         frame: 0,
       };
     }
@@ -1135,10 +1183,14 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       if (!msg.frame) msg.frame = requestAnimationFrame(() => renderAnswer(msg));
     }
 
-    function setStatus(msg, step) {
+    function setStatus(msg, step, page) {
       const label = { searching: T.searching, reading: T.reading, answering: T.answering }[step];
       if (!label) return;
-      msg.statusText.textContent = label;
+      // The page being read, when the assistant explores the site: "Reading Shipping…".
+      let title = typeof page === "string" ? page.replace(/\s+/g, " ").trim() : "";
+      if (title.length > 80) title = `${title.slice(0, 79)}…`;
+      msg.statusText.textContent =
+        step === "reading" && title ? T.readingPage.replace("{page}", () => title) : label;
       msg.el.setAttribute("data-step", step);
     }
 
@@ -1167,6 +1219,54 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       if (msg.text) renderAnswer(msg); // citation markers become links
     }
 
+    /** "shop.example/en/returns": where a link leads, host and path. */
+    function placeOf(href) {
+      try {
+        const url = new URL(href, window.location.href);
+        let path = url.pathname.replace(/\/+$/, "");
+        try {
+          path = decodeURI(path);
+        } catch (_) {
+          /* not percent-encoded UTF-8: shown as it is */
+        }
+        return url.host.replace(/^www\./i, "") + path;
+      } catch (_) {
+        return href;
+      }
+    }
+
+    /** Pages to read on, under the answer: small cards of title and address. */
+    function setRelated(msg, list) {
+      msg.related = (Array.isArray(list) ? list : [])
+        .filter((r) => r && typeof r === "object" && safeUrl(r.url))
+        .slice(0, 3)
+        .map((r) => ({ url: r.url, title: typeof r.title === "string" ? r.title : "" }));
+      const items = msg.related.map((r) => {
+        const href = safeUrl(r.url);
+        const where = placeOf(href);
+        return h(
+          "li",
+          null,
+          externalLink(
+            href,
+            [
+              h("span", { class: "card-title", text: clean(r.title) || where }),
+              h("span", { class: "card-where", text: where }),
+            ],
+            { class: "related-card" },
+          ),
+        );
+      });
+      keepingScroll(() => {
+        msg.relatedBox.replaceChildren();
+        if (items.length) {
+          const heading = h("p", { class: "related-heading", text: T.related });
+          msg.relatedBox.append(heading, h("ul", null, items));
+        }
+        msg.relatedBox.hidden = items.length === 0;
+      });
+    }
+
     function resetBot(msg) {
       if (msg.frame) cancelAnimationFrame(msg.frame);
       msg.frame = 0;
@@ -1180,6 +1280,9 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       msg.answer.replaceChildren();
       msg.sourcesBox.replaceChildren();
       msg.sourcesBox.hidden = true;
+      msg.related = [];
+      msg.relatedBox.replaceChildren();
+      msg.relatedBox.hidden = true;
       const retry = msg.el.querySelector(".retry");
       if (retry) retry.remove();
     }
@@ -1193,6 +1296,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
         msg.el.setAttribute("data-state", "error");
         msg.status.hidden = true;
         msg.sourcesBox.hidden = true;
+        msg.relatedBox.hidden = true;
         msg.answer.replaceChildren(h("p", { text }));
         if (canRetry) {
           msg.answer.append(
@@ -1321,6 +1425,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       if (done.low_confidence) msg.el.classList.add("low-confidence");
       if (typeof done.mode === "string") msg.el.setAttribute("data-mode", done.mode);
       const item = { role: "bot", text: msg.text, sources: msg.sources };
+      if (msg.related.length) item.related = msg.related;
       if (Number.isSafeInteger(done.turn_id) && done.turn_id > 0 && done.mode !== "handoff") {
         item.turn = done.turn_id;
       }
@@ -1381,6 +1486,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
         session_id: sessionId,
         page: pageInfo(),
         language: pageLanguage,
+        ...(HAS_FILTERS ? { filters: FILTERS } : {}),
       });
       let idle = 0;
       const arm = () => {
@@ -1423,7 +1529,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
         if (!data || typeof data !== "object") return;
         switch (event.event) {
           case "status":
-            setStatus(msg, data.step);
+            setStatus(msg, data.step, data.page);
             break;
           case "token":
             if (typeof data.text === "string" && data.text) {
@@ -1434,6 +1540,9 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
             break;
           case "sources":
             setSources(msg, data.sources);
+            break;
+          case "related":
+            setRelated(msg, data.related);
             break;
           case "done":
             outcome = "done";
@@ -1646,6 +1755,7 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
           msg.status.hidden = true;
           msg.el.setAttribute("data-state", "done");
           setSources(msg, item.sources);
+          setRelated(msg, item.related);
           msg.text = String(item.text || "");
           renderAnswer(msg);
           if (Number.isSafeInteger(item.turn) && item.turn > 0) addFeedback(msg, item);

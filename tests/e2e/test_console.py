@@ -216,6 +216,11 @@ async def test_the_console_fits_a_phone(browser: Browser, console: Console) -> N
     await page.goto(console.url("/admin/agents/shop/settings"))
     await expect(page.get_by_role("button", name="Save settings")).to_be_visible()
     assert await page.evaluate("document.documentElement.scrollWidth") <= 360
+    await page.goto(console.url("/admin/agents/shop/sources"))
+    assert await page.evaluate("document.documentElement.scrollWidth") <= 360
+    await page.get_by_role("link", name="Pages & tags").first.click()
+    await expect(page.get_by_role("button", name="Save source tags")).to_be_visible()
+    assert await page.evaluate("document.documentElement.scrollWidth") <= 360
     await page.close()
 
 

@@ -204,12 +204,17 @@ async def test_llm_answer_streams_with_citations_and_a_guarded_prompt(
 HOSTILE_IMG = '<img src=x onerror="window.pwned=1">'
 HOSTILE_TITLE = f"{HOSTILE_IMG}Hostile"
 HOSTILE_ANSWER = f"<script>window.pwned=1</script>The lantern costs 12.34 euro [1]. {HOSTILE_IMG}"
+HOSTILE_QUESTION = "How much does the Hostile Test Lantern cost?"
+# A clean answer citing the hostile page: its title shows in the sources.
+CLEAN_QUESTION = "What is the price of the Hostile Test Lantern in euro?"
+CLEAN_ANSWER = "The lantern costs 12.34 euro [1]."
 
 
 async def test_model_and_page_markup_stay_inert_text(
     browser: Browser, start_gateway: StartGateway, llm: FakeLlm, tmp_path: Path
 ) -> None:
-    llm.fake.replies[MODEL] = [HOSTILE_ANSWER]
+    answers = {HOSTILE_QUESTION: HOSTILE_ANSWER, CLEAN_QUESTION: CLEAN_ANSWER}
+    llm.fake.responder = lambda body: answers.get(body["messages"][-1]["content"], "Lanterns")
     gateway = await start_gateway(with_llm=True)
     hostile = {
         "url": "/en/hostile.html",
@@ -229,15 +234,25 @@ async def test_model_and_page_markup_stay_inert_text(
 
     page = await open_shop(browser, gateway, "/en/index.html")
     await open_chat(page, "Open chat")
-    await ask(page, "How much does the Hostile Test Lantern cost?")
+    await ask(page, HOSTILE_QUESTION)
     reply = last_answer(page)
     await expect(reply).to_have_attribute("data-state", "done")
 
-    (request,) = llm.fake.turn_requests
+    (request,) = [
+        r for r in llm.fake.turn_requests if r["messages"][-1]["content"] == HOSTILE_QUESTION
+    ]
     assert prompt_sources(request["messages"][0]["content"])[1][0] == "/en/hostile.html"
+    # Shown as typed; an answer copying markup fails validation, so it shows no sources.
+    await expect(reply.locator(".answer")).to_have_text(HOSTILE_ANSWER.replace(" [1]", ""))
+    await expect(reply.locator(".sources")).to_be_hidden()
+    assert await page.evaluate(INERT) == {"markup": 0, "handlers": 0}
+
+    await ask(page, CLEAN_QUESTION)
+    reply = last_answer(page)
+    await expect(reply).to_have_attribute("data-state", "done")
     answer = reply.locator(".answer")
     # Shown as typed, with the citation as a link.
-    await expect(answer).to_have_text(HOSTILE_ANSWER.replace("[1]", "1"))
+    await expect(answer).to_have_text(CLEAN_ANSWER.replace("[1]", "1"))
     source = reply.locator(".sources").get_by_role("link")
     await expect(source).to_have_text(HOSTILE_TITLE)
     await expect(source).to_have_attribute("href", "/en/hostile.html")

@@ -101,7 +101,8 @@ HOSTILE_PAGE = """<!doctype html><html lang="pt-BR"><head><title>Hostile</title>
 body * { display: none !important; position: static !important; transform: scale(0.1) !important; }
 button, div, textarea { width: 1px !important; height: 1px !important; opacity: 0 !important; }
 </style></head><body><main><h1>Olá</h1></main>
-<script src="/widget.js" data-agent="demo" data-key="pk_test_0123456789" async></script>
+<script src="/widget.js" data-agent="demo" data-key="pk_test_0123456789"
+        data-include-tags="Pricing, lang:pt,no tag!" data-exclude-tags="internal" async></script>
 </body></html>"""
 
 
@@ -494,6 +495,11 @@ async def test_host_page_css_cannot_break_the_bubble(
     await ask(page, "Hi")
     await expect(last_answer(page).locator(".answer")).to_have_text("Hello!")
     assert fake.requests[0]["body"]["language"] == "pt"
+    # The script tag's tag filters go with each question; what is no tag is left out.
+    assert fake.requests[0]["body"]["filters"] == {
+        "include_tags": ["pricing", "lang:pt"],
+        "exclude_tags": ["internal"],
+    }
     await page.close()
 
 

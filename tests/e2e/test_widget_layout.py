@@ -57,6 +57,13 @@ STAFF_REPLY = (
     "Let me know if there is anything else I can do for you."
 )
 
+# A long address the answers link to; the help pages mention it, so it is no invented link
+# (an answer with one would show no sources: see the README's "Answer quality gates").
+LONG_LINK = (
+    "https://noordkaap.example/en/customer-service/returns-and-exchanges/request-a-return-label"
+    "?order=NK-2026-000123456789&channel=chat&utm_source=widget"
+)
+
 
 def long_answer(sources: list[int]) -> str:
     """Several paragraphs, two lists, a long link and a long word, citing every source."""
@@ -74,9 +81,7 @@ def long_answer(sources: list[int]) -> str:
         "1. Check your order confirmation.\n"
         "2. Follow the steps in your account.\n"
         "3. Contact us when something is unclear.\n\n"
-        "Everything in one place: https://noordkaap.example/en/customer-service/returns-and-"
-        "exchanges/request-a-return-label?order=NK-2026-000123456789&channel=chat&utm_source=widget"
-        "\n\n"
+        f"Everything in one place: {LONG_LINK}\n\n"
         "Some of our German pages use long words such as "
         "Rucksackregenschutzhüllenbefestigungsschlaufenverstellschnalle, which must wrap too.\n\n"
         f"I hope this helps; the sources below have the full details {' '.join(cite)}."
@@ -215,7 +220,8 @@ def help_pages() -> list[dict[str, str]]:
                     "title": f"{part}: {asked}",
                     "lang": "en",
                     "text": f"# {part}: {asked}\n{asked} This {part.lower()} page answers "
-                    f"exactly that question for customers of Noordkaap Outdoor: {asked}",
+                    f"exactly that question for customers of Noordkaap Outdoor: {asked} "
+                    f"Everything in one place: {LONG_LINK}",
                 }
             )
     return pages

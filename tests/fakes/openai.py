@@ -18,6 +18,8 @@ from aiohttp import web
 from core.memory.summary import TOPIC_INSTRUCTIONS
 
 Responder = Callable[[dict[str, Any]], str]
+# A request offering tools -> the assistant message in OpenAI's wire format (`tool_calls`).
+ToolResponder = Callable[[dict[str, Any]], dict[str, Any]]
 # Audio bytes -> transcript.
 Transcriber = Callable[[bytes], str]
 
@@ -72,6 +74,20 @@ def audio_key(audio: bytes) -> str:
     return hashlib.sha256(audio).hexdigest()
 
 
+def tool_call(name: str, arguments: dict[str, Any], call_id: str | None = None) -> dict[str, Any]:
+    """One tool call as OpenAI writes it in an assistant message (arguments are JSON text)."""
+    return {
+        "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def calls(*tool_calls: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message asking for ``tool_calls`` (made with `tool_call`), no text."""
+    return {"content": None, "tool_calls": list(tool_calls)}
+
+
 def _client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
@@ -88,6 +104,11 @@ class FakeOpenAI:
     `turn_requests` and of the counts of chats in flight and abandoned: those tell what the
     turns asked, which a topic written in the background must not change.
 
+    A request that offers ``tools`` is answered from ``tool_replies`` (first in first out),
+    else by ``tool_responder(body)``, else like any other: each is an assistant message in
+    OpenAI's wire format, ``{"content": ..., "tool_calls": [tool_call(...), ...]}`` (see
+    `calls`); `tool_results` tells what came back for each call in the requests after it.
+
     Transcripts come from ``transcripts[audio_key(audio)]``, else ``transcriber(audio)``,
     else ``default_transcript``; `transcription_requests` tells what was uploaded.
     """
@@ -101,10 +122,14 @@ class FakeOpenAI:
     chat_failures: list[int] = field(default_factory=list)
     # While set, every chat request is answered with this status (an outage); None: healthy.
     chat_down_with: int | None = None
+    # Chat requests for these models are answered with the status given (one model down).
+    models_down: dict[str, int] = field(default_factory=dict)
     error_message: str = "The server had an error while processing your request."
     replies: dict[str, list[str]] = field(default_factory=dict)
     responder: Responder | None = None
     default_reply: str = "I am a fake model and this is my reply."
+    tool_replies: list[dict[str, Any]] = field(default_factory=list)
+    tool_responder: ToolResponder | None = None
     first_token_delay: float = 0.0  # seconds before the first content delta
     token_delay: float = 0.0  # seconds between content deltas
     hang: bool = False  # chat requests are never answered (not even headers)
@@ -141,6 +166,17 @@ class FakeOpenAI:
         """The chat bodies the turns sent (rewrites and answers), in order: every chat
         request but the topic ones (`is_topic_request`)."""
         return [body for body in self.chat_requests if not is_topic_request(body)]
+
+    @property
+    def tool_results(self) -> dict[str, str]:
+        """What the client sent back for each tool call: the call's id -> the tool message's
+        content, from every chat request so far."""
+        return {
+            str(message.get("tool_call_id")): str(message.get("content"))
+            for body in self.chat_requests
+            for message in body["messages"]
+            if isinstance(message, dict) and message.get("role") == "tool"
+        }
 
     @property
     def transcription_requests(self) -> list[dict[str, Any]]:
@@ -223,7 +259,12 @@ class FakeOpenAI:
 
     # -- chat ---------------------------------------------------------------------------
 
-    def _reply_for(self, body: dict[str, Any]) -> str:
+    def _reply_for(self, body: dict[str, Any]) -> str | dict[str, Any]:
+        if body.get("tools"):
+            if self.tool_replies:
+                return self.tool_replies.pop(0)
+            if self.tool_responder is not None:
+                return self.tool_responder(body)
         queue = self.replies.get(body.get("model", ""))
         if queue:
             return queue.pop(0)
@@ -267,6 +308,8 @@ class FakeOpenAI:
             return _error(self.chat_failures.pop(0), self.error_message)
         if self.chat_down_with is not None:
             return _error(self.chat_down_with, self.error_message)
+        if body.get("model") in self.models_down:
+            return _error(self.models_down[body["model"]], self.error_message)
         if not body.get("model") or not isinstance(body.get("messages"), list):
             return _error(400, "model and messages are required")
         if self.hang:
@@ -275,22 +318,28 @@ class FakeOpenAI:
             return web.Response(status=499)  # nobody is listening any more
         reply = self._reply_for(body)
         if body.get("stream"):
-            return await self._stream(request, body, reply)
+            text = reply if isinstance(reply, str) else str(reply.get("content") or "")
+            return await self._stream(request, body, text)
         if not await self._wait(request, self.first_token_delay):
             self._gone(body)
             return web.Response(status=499)  # nobody is listening any more
         return web.json_response(self._completion(body, reply))
 
-    def _usage(self, body: dict[str, Any], reply: str) -> dict[str, int]:
+    def _usage(self, body: dict[str, Any], reply: str | dict[str, Any]) -> dict[str, int]:
         prompt = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
-        completion = len(split_deltas(reply))
+        completion = len(split_deltas(reply if isinstance(reply, str) else json.dumps(reply)))
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
 
-    def _completion(self, body: dict[str, Any], reply: str) -> dict[str, Any]:
+    def _completion(self, body: dict[str, Any], reply: str | dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply, "refusal": None}
+        if isinstance(reply, dict):
+            message = {"role": "assistant", "content": reply.get("content"), "refusal": None}
+            if reply.get("tool_calls"):
+                message["tool_calls"] = reply["tool_calls"]
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -299,9 +348,9 @@ class FakeOpenAI:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": reply, "refusal": None},
+                    "message": message,
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
                 }
             ],
             "usage": self._usage(body, reply),

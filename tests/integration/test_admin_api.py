@@ -1097,7 +1097,7 @@ async def test_stream_events_are_documented_as_sent(admin: Admin) -> None:
         schemas[option["properties"]["event"]["const"]] = option["properties"]["data"][
             "contentSchema"
         ]
-    assert set(schemas) == {"status", "token", "sources", "done", "error", "diagnostics"}
+    assert set(schemas) == {"status", "token", "sources", "related", "done", "error", "diagnostics"}
     await admin.post("/agents/shop/sources", {"kind": "text", "title": "Delivery",
                                               "text": "Parcels arrive within 2-3 working days."})  # fmt: skip
     await _settled(admin, (await admin.get("/agents/shop/sources"))[1]["items"][0]["id"])

@@ -419,7 +419,19 @@ async def test_the_conversation_page_shows_summary_transcript_and_traces(
     console: Console,
 ) -> None:
     whatsapp = console.data.conversations[WHATSAPP]
+    # A model's answer that was checked: each answer gate a line of its trace.
+    gates = [
+        {"gate": "validate", "attempt": 1, "verdict": "failed", "reasons": ["citation [7] refers to no source"]},
+        {"gate": "critic", "attempt": 2, "verdict": "not_checked", "reasons": ["the critic timed out"], "model": "critic-x"},
+    ]  # fmt: skip
+    await console.pool.execute(
+        "UPDATE turns SET trace = trace || $1::jsonb WHERE id = (SELECT min(t.id) FROM turns t "
+        "JOIN conversations c ON c.id = t.conversation_id WHERE c.id = $2)",
+        {"gates": gates}, whatsapp,
+    )  # fmt: skip
     html = await console.page(f"/admin/conversations/{whatsapp}")
+    assert "<li>Validation, draft 1: failed: citation [7] refers to no source</li>" in html
+    assert '<li>Critic, draft 2 <span class="muted">(critic-x)</span>: not checked: ' in html
     summary_at = html.index("Summary</h2>")
     transcript_at = html.index("Transcript</h2>")
     assert summary_at < transcript_at
@@ -706,6 +718,10 @@ async def test_saving_the_agent_settings(console: Console) -> None:
         "handoff_text": "",
         "handoff_text_nl": "Een collega komt eraan.",
         "out_of_hours_text": "We are closed; we will reply tomorrow.",
+        "exclude_tags": "Internal, drafts",
+        "tag_rules": "/en/faq*  faq, Help\n",
+        "include_tags_whatsapp": "mobile",
+        "quota_visitor_day": "20",  # the answer cache left unticked: off
     }
     assert await console.submit(f"{shop}/settings", form) == f"{shop}/settings?done=settings-saved"
     row = await pool.fetchrow(
@@ -723,15 +739,31 @@ async def test_saving_the_agent_settings(console: Console) -> None:
     assert settings["handoff_text"] == {"nl": "Een collega komt eraan."}
     assert settings["out_of_hours_text"] == "We are closed; we will reply tomorrow."
     assert opened(settings["twilio"]["auth_token"]) == TWILIO_TOKEN  # untouched by this form
+    assert settings["exclude_tags"] == ["drafts", "internal"]
+    assert settings["tag_rules"] == [{"pattern": "/en/faq*", "tags": ["faq", "help"]}]
+    assert settings["channel_filters"] == {
+        "whatsapp": {"include_tags": ["mobile"], "exclude_tags": []}
+    }
+    assert "include_tags" not in settings
+    assert (settings["quota_visitor_day"], settings["answer_cache"]) == (20, False)
+    assert "quota_agent_month" not in settings  # left empty: the server's default
+    # The stored pages carry the rule's tags at once.
+    assert await pool.fetchval(
+        "SELECT tags FROM pages WHERE url = 'https://shop.example/en/faq'"
+    ) == ["faq", "help"]
     html = await console.page(f"{shop}/settings?done=settings-saved")
     assert "Settings saved." in html
     assert 'value="40"' in html
+    assert "/en/faq* faq, help</textarea>" in html
 
     for field, value, said in [
         ("timezone", "Mars/Olympus", "is not an IANA time zone"),
         ("threshold", "eighty", "is not a percentage"),
         ("hours_mon", "nine to five", "is not a range"),
         ("allowed_origins", "shop.example", "is not an origin"),
+        ("tag_rules", "faq/* faq", "URL rule 1 (faq/* faq), pattern: &#39;faq/*&#39; is not a URL"),
+        ("exclude_tags", "two words", "Never pages tagged: &#39;two words&#39; is not a tag"),
+        ("quota_agent_month", "-3", "quota_agent_month: give a whole number of answers"),
     ]:
         failed = await console.post(f"{shop}/settings", {**form, field: value})
         assert failed.status == 400, field
@@ -747,6 +779,20 @@ async def test_saving_the_agent_settings(console: Console) -> None:
     assert "business_hours" not in (
         await pool.fetchval("SELECT settings FROM agents WHERE slug = 'shop'")
     )
+
+    # Exploration mode has a form of its own; an empty bound is the default.
+    explore = {"exploration": "on", "exploration_steps": "5", "exploration_seconds": ""}
+    saved = await console.submit(f"{shop}/settings/exploration", explore)
+    assert saved == f"{shop}/settings?done=exploration-saved#exploration"
+    settings = await pool.fetchval("SELECT settings FROM agents WHERE slug = 'shop'")
+    assert (settings["exploration"], settings["exploration_steps"]) == (True, 5)
+    assert "exploration_seconds" not in settings
+    assert 'id="f-exploration" name="exploration" type="checkbox" checked' in (
+        await console.page(f"{shop}/settings")
+    )
+    refused = await console.post(f"{shop}/settings/exploration", {"exploration_steps": "50"})
+    assert refused.status == 400
+    assert "give a whole number of tool calls, 1 to 20" in await refused.text()
 
 
 async def test_channel_credentials_are_write_only(console: Console) -> None:

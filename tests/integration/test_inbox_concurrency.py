@@ -91,6 +91,9 @@ async def crowd(
 ) -> AsyncIterator[Crowd]:
     agents = Agents(database.pool)
     agent = await agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    # Every customer asks the same question: measured here is how many turns reach the
+    # model at once, so none may be answered from the answer cache.
+    agent = await agents.update("shop", settings={"answer_cache": False})
     path = tmp_path / "pages.jsonl"
     path.write_text("\n".join(json.dumps(p) for p in PAGES), encoding="utf-8")
     await Ingestor(KnowledgeStore(database.pool), use_embedder).ingest(

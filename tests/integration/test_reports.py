@@ -239,7 +239,7 @@ async def test_report_figures_per_day_and_channel(reporting: Reporting) -> None:
     assert page.status == 200, html
     assert "Europe/Amsterdam" in html
     assert '<a href="/admin/reports" aria-current="page">Reports</a>' in html
-    assert html.count('<svg viewBox="0 0 420 200"') == 9
+    assert html.count('<svg viewBox="0 0 420 200"') == 11
     assert "<title>3 Mar · Telegram: 10.0 min</title>" in html  # staff's first response
     assert "<title>2 Mar · " + BY_NAME["whatsapp"].title + ": 300 ms</title>" in html
     summary = html.split('class="report-summary"')[1].split("</table>")[0]
@@ -249,6 +249,8 @@ async def test_report_figures_per_day_and_channel(reporting: Reporting) -> None:
         '<td class="num">100%</td><td class="num">67%</td>' in summary  # fmt: skip
     assert '<th scope="row">Resolved</th><td class="num">0</td><td class="num">0</td>' \
         '<td class="num">2</td><td class="num">2</td>' in summary  # fmt: skip
+    assert '<th scope="row">Answer cache hit rate</th><td class="num">0%</td>' \
+        '<td class="num">–</td><td class="num">0%</td><td class="num">0%</td>' in summary  # fmt: skip
     assert "handed back" not in html
     assert "Do you repair bicycles?" in html
     assert "Do you sell kayaks?" not in html
@@ -258,6 +260,23 @@ async def test_report_figures_per_day_and_channel(reporting: Reporting) -> None:
                              headers=AUTH)  # fmt: skip
     assert wrong.status == 400
     assert "from is after to" in (await wrong.json())["error"]["message"]
+
+    # Answers given again from the answer cache, as a share of the bot's answers: the late
+    # WhatsApp question's answer, then the same asked by another customer (small talk and
+    # quota messages are no answers).
+    shop = await reporting.pool.fetchval("SELECT id FROM agents WHERE slug = 'shop'")
+    history = History(reporting.pool, shop)
+    other = await history.conversation("whatsapp", "whatsapp:+31600000003")
+    await history.turn(other, "Late question", "2026-03-10T13:00:00Z", mode="cached")
+    await history.turn(other, "Thanks!", "2026-03-10T13:01:00Z", mode="smalltalk")
+    await history.turn(other, "Another one", "2026-03-10T13:02:00Z", mode="quota")
+    later = "agent=shop&from=2026-03-10&to=2026-03-10"
+    report = await (await client.get(f"/api/v1/admin/reports?{later}", headers=AUTH)).json()
+    assert (report["total"]["cached"], report["total"]["cache_hit_rate"]) == (1, 0.5)
+    html = await (await client.get(f"/admin/reports?{later}")).text()
+    summary = html.split('class="report-summary"')[1].split("</table>")[0]
+    assert '<th scope="row">Answered from the answer cache</th><td class="num">1</td>' in summary
+    assert '<th scope="row">Answer cache hit rate</th><td class="num">50%</td>' in summary
 
 
 async def test_agents_see_reports_and_no_feedback_yet(reporting: Reporting) -> None:
@@ -272,4 +291,4 @@ async def test_agents_see_reports_and_no_feedback_yet(reporting: Reporting) -> N
     assert page.status == 200, html
     assert "no feedback yet" in html
     assert "Thumbs up rate" not in html
-    assert html.count('<svg viewBox="0 0 420 200"') == 8
+    assert html.count('<svg viewBox="0 0 420 200"') == 10

@@ -49,6 +49,9 @@ ADMIN_ONLY = {
     ("GET", r"/agents/{agent}/sources/{id:\d+}"),
     ("POST", r"/agents/{agent}/sources/{id:\d+}/reindex"),
     ("DELETE", r"/agents/{agent}/sources/{id:\d+}"),
+    ("PATCH", r"/agents/{agent}/sources/{id:\d+}"),
+    ("GET", r"/agents/{agent}/sources/{id:\d+}/pages"),
+    ("PATCH", r"/agents/{agent}/pages/{page:\d+}"),
     ("GET", "/notifications"),
     ("POST", "/agents/{agent}/customers/erase"),
     ("GET", "/agents/{agent}/customers/export"),
@@ -57,7 +60,7 @@ ADMIN_ONLY = {
 
 def _path(template: str, agent: str = "shop", item: int = 999_999) -> str:
     path = template.replace("{agent}", agent)
-    return re.sub(r"\{id(:[^}]*)?\}", str(item), path)
+    return re.sub(r"\{(id|page)(:[^}]*)?\}", str(item), path)
 
 
 class Session:
@@ -300,12 +303,16 @@ async def test_every_console_route_names_its_role_and_an_agent_is_held_to_it(
         ("GET", "/admin/agents/{agent}/settings"),
         ("POST", "/admin/agents/{agent}/settings"),
         ("POST", "/admin/agents/{agent}/settings/channels"),
+        ("POST", "/admin/agents/{agent}/settings/exploration"),
         ("POST", "/admin/agents/{agent}/settings/templates"),
         ("POST", "/admin/agents/{agent}/settings/widget-key"),
         ("GET", "/admin/agents/{agent}/sources"),
         ("POST", "/admin/agents/{agent}/sources"),
         ("POST", r"/admin/agents/{agent}/sources/{id:\d+}/reindex"),
         ("POST", r"/admin/agents/{agent}/sources/{id:\d+}/remove"),
+        ("GET", r"/admin/agents/{agent}/sources/{id:\d+}"),
+        ("POST", r"/admin/agents/{agent}/sources/{id:\d+}/tags"),
+        ("POST", r"/admin/agents/{agent}/sources/{id:\d+}/pages/{page:\d+}/tags"),
     }
     for route in pages():
         if route.role is None or route.path == "/admin/sign-out":

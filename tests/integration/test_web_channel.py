@@ -71,9 +71,10 @@ async def test_a_turn_streams_events_in_order_and_is_saved(shop: Shop) -> None:
     kinds = stream.kinds()
     assert kinds[:3] == ["status", "status", "status"]
     assert [stream.events[i][1]["step"] for i in range(3)] == ["searching", "reading", "answering"]
-    assert kinds[3:-2] == ["token"] * (len(kinds) - 5)
-    assert len(kinds) - 5 >= 2  # streamed in pieces
-    assert kinds[-2:] == ["sources", "done"]
+    assert kinds[3:-3] == ["token"] * (len(kinds) - 6)
+    assert len(kinds) - 6 >= 2  # streamed in pieces
+    # The other page about Belgium, which the answer did not cite, is offered to read on.
+    assert kinds[-3:] == ["sources", "related", "done"]
     done = stream.data("done")
     assert done["mode"] == "extractive"
     assert "2-3 working days" in done["answer"]
@@ -83,6 +84,8 @@ async def test_a_turn_streams_events_in_order_and_is_saved(shop: Shop) -> None:
     shown = stream.data("sources")["sources"]
     assert [s["id"] for s in shown] == done["citations"]  # the sources the answer cites
     assert shown[0]["url"] in ("/en/faq", "/en/shipping")
+    related = stream.data("related")["related"]
+    assert {p["url"] for p in related} & {"/en/faq", "/en/shipping"} - {shown[0]["url"]}
 
     rows = await shop.database.pool.fetch(
         "SELECT role, text FROM messages WHERE conversation_id = $1 ORDER BY id",
@@ -253,7 +256,7 @@ async def test_a_nul_in_the_message_is_dropped_and_the_turn_answered(shop: Shop)
         key=shop.agent.widget_key,
     )
     assert stream.status == 200
-    assert stream.kinds()[-2:] == ["sources", "done"]
+    assert stream.kinds()[-3:] == ["sources", "related", "done"]
     done = stream.data("done")
     assert "2-3 working days" in done["answer"]
     visitor = await shop.database.pool.fetchval(

@@ -34,6 +34,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
         "core.slots",
         "core.turns",
     ),
+    ("core.tags",),
     ("core.cache", "core.llm", "core.store"),
     ("core.handoff", "core.knowledge", "core.privacy", "core.transcribe"),
     ("core.retrieval",),

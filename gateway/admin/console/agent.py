@@ -21,6 +21,9 @@ from gateway.admin.api import (
     patch_agent,
     rotate_widget_key,
 )
+from gateway.admin.console.answer_limits import limit_patch, limit_values
+from gateway.admin.console.exploration import LABELS as EXPLORATION_LABELS
+from gateway.admin.console.exploration import exploration_patch
 from gateway.admin.console.privacy import retention_line
 from gateway.admin.console.render import (
     Form,
@@ -42,6 +45,7 @@ from gateway.admin.console.render import (
     text,
     validated,
 )
+from gateway.admin.console.tags import tag_patch, tag_values
 from gateway.admin.schemas import (
     MAX_TEMPLATES,
     AgentOut,
@@ -130,6 +134,8 @@ def _settings_values(agent: AgentOut) -> dict[str, Any]:
         "allowed_origins": "\n".join(agent.allowed_origins),
         "handoff_enabled": agent.handoff_enabled,
         "feedback_prompt": agent.feedback_prompt,
+        **tag_values(agent),
+        **limit_values(agent),
     }
     for day, shown in _hours_shown(agent.business_hours).items():
         values[f"hours_{day}"] = shown
@@ -351,6 +357,7 @@ async def _settings_page(
         default_texts=TEXTS,
         timezones=sorted(available_timezones()),
         channel_forms=channel_forms(agent),
+        channel_titles=[(c.name, c.title) for c in CHANNELS],
         retention=retention_line(request.app[SETTINGS]),
         template_forms=template_forms(templates_sent if templates_sent is not None else agent),
         widget_snippet=(
@@ -373,6 +380,8 @@ async def save_settings_action(request: web.Request) -> web.StreamResponse:
     values: dict[str, Any] = {k: v for k, v in data.items() if isinstance(v, str)}
     values["handoff_enabled"] = checked(data, "handoff_enabled")
     values["feedback_prompt"] = checked(data, "feedback_prompt")
+    values["answer_cache"] = checked(data, "answer_cache")
+    tags, tag_labels = tag_patch(data)
     try:
         body = validated(
             AgentPatch,
@@ -390,8 +399,10 @@ async def save_settings_action(request: web.Request) -> web.StreamResponse:
                 "handoff_text": _texts(data, "handoff_text", languages),
                 "out_of_hours_text": _texts(data, "out_of_hours_text", languages),
                 "feedback_prompt": checked(data, "feedback_prompt"),
+                **tags,
+                "settings": limit_patch(data),
             },
-            _SETTINGS_LABELS,
+            _SETTINGS_LABELS | tag_labels | {"settings": "Answer cache and quotas"},
         )
         await patch_agent(call(request, body=body))
     except ParleyError as exc:
@@ -452,6 +463,19 @@ async def save_templates_action(request: web.Request) -> web.StreamResponse:
             request, error=exc.message, status=status_for(exc), templates_sent=data
         )
     raise redirect(agent_page(await agent_of(request), "settings"), "templates-saved", "templates")
+
+
+@page
+async def save_exploration_action(request: web.Request) -> web.StreamResponse:
+    data = await form(request)
+    try:
+        body = validated(AgentPatch, {"settings": exploration_patch(data)}, EXPLORATION_LABELS)
+        await patch_agent(call(request, body=body))
+    except ParleyError as exc:
+        return await _settings_page(request, error=exc.message, status=status_for(exc))
+    raise redirect(
+        agent_page(await agent_of(request), "settings"), "exploration-saved", "exploration"
+    )
 
 
 @page
@@ -554,6 +578,7 @@ def routes() -> list[Route]:
         route("POST", AGENT + "/settings/channels", save_channels_action),
         route("POST", AGENT + "/settings/templates", save_templates_action),
         route("POST", AGENT + "/settings/widget-key", rotate_key_action),
+        route("POST", AGENT + "/settings/exploration", save_exploration_action),
         route("GET", AGENT + "/checks", checks_page, role="agent"),
         route("POST", AGENT + "/checks", create_check_action, role="agent"),
         route("POST", check + "/delete", delete_check_action, role="agent"),

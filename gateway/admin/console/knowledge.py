@@ -15,10 +15,14 @@ from gateway.admin.api import (
     delete_curated,
     delete_source,
     get_curated,
+    get_source,
     list_curated,
     list_gaps,
+    list_pages,
     list_sources,
     patch_curated,
+    patch_page,
+    patch_source,
     reindex_source,
     resolve_gaps,
 )
@@ -47,9 +51,14 @@ from gateway.admin.schemas import (
     CuratedOut,
     CuratedPatch,
     GapList,
+    PageList,
+    PagePatch,
+    PageQuery,
     ResolveGapsBody,
     SourceBody,
     SourceList,
+    SourceOut,
+    SourcePatch,
 )
 from gateway.middlewares import status_for
 
@@ -130,10 +139,12 @@ async def add_source_action(request: web.Request) -> web.StreamResponse:
     data = await form(request)
     kind = text(data, "kind")
     values: dict[str, Any] = {"kind": kind, "url": optional(data, "url")}
+    if tags := items(data, "tags"):
+        values["tags"] = tags
     if kind == "text":
         values.update(title=optional(data, "title"), text=optional(data, "text"))
     try:
-        body = validated(SourceBody, values, {"url": "URL"})
+        body = validated(SourceBody, values, {"url": "URL", "tags": "Tags"})
         await add_source(call(request, body=body))
     except ParleyError as exc:
         return await _sources_page(request, error=exc.message, status=status_for(exc), values=data)
@@ -148,6 +159,73 @@ async def _source_action(
     except ParleyError as exc:
         return await _sources_page(request, error=exc.message, status=status_for(exc))
     raise redirect(agent_page(await agent_of(request), "sources"), done)
+
+
+async def _source_page(
+    request: web.Request,
+    *,
+    error: str | None = None,
+    status: int = 200,
+    values: Form | None = None,
+    typed_page: str | None = None,
+) -> web.Response:
+    """A source with its pages and their tags; after a refused form, what was typed (in the
+    row of ``typed_page``, for a page's tags)."""
+    agent = await agent_of(request)
+    source = await run(get_source, request, SourceOut)
+    after = validated(PageQuery, {"after": request.query.get("after", "0")}, {"after": "after"})
+    pages = await run(list_pages, request, PageList, query=after)
+    return await render(
+        request,
+        "admin/source.html",
+        title=f"Pages and tags · {agent.name}",
+        agent=agent,
+        section="sources",
+        error=error,
+        status=status,
+        source=source,
+        pages=pages,
+        after=after.after,
+        timezone=agent.timezone,
+        values=values or {},
+        typed_page=typed_page,
+    )
+
+
+@page
+async def source_page(request: web.Request) -> web.StreamResponse:
+    return await _source_page(request)
+
+
+@page
+async def source_tags_action(request: web.Request) -> web.StreamResponse:
+    data = await form(request)
+    try:
+        body = validated(SourcePatch, {"tags": items(data, "source_tags")}, {"tags": "Tags"})
+        await patch_source(call(request, body=body))
+    except ParleyError as exc:
+        return await _source_page(request, error=exc.message, status=status_for(exc), values=data)
+    raise redirect(request.path.removesuffix("/tags"), "source-tags-saved")
+
+
+@page
+async def page_tags_action(request: web.Request) -> web.StreamResponse:
+    """A page's own tags as typed, or (the reset button) those its source gives it again."""
+    data = await form(request)
+    tags = None if checked(data, "reset") else items(data, "tags")
+    try:
+        body = validated(PagePatch, {"own_tags": tags}, {"own_tags": "Tags"})
+        await patch_page(call(request, body=body))
+    except ParleyError as exc:
+        return await _source_page(
+            request,
+            error=exc.message,
+            status=status_for(exc),
+            values=data,
+            typed_page=request.match_info["page"],
+        )
+    source = agent_page(await agent_of(request), f"sources/{request.match_info['id']}")
+    raise redirect(source, "page-tags-saved", f"page-{request.match_info['page']}")
 
 
 @page
@@ -276,6 +354,9 @@ def routes() -> list[Route]:
         route("POST", AGENT + "/gaps/resolve", resolve_action, role="agent"),
         route("GET", AGENT + "/sources", sources_page),
         route("POST", AGENT + "/sources", add_source_action),
+        route("GET", source, source_page),
+        route("POST", source + "/tags", source_tags_action),
+        route("POST", source + r"/pages/{page:\d+}/tags", page_tags_action),
         route("POST", source + "/reindex", reindex_action),
         route("POST", source + "/remove", remove_source_action),
         route("GET", AGENT + "/curated", curated_page, role="agent"),

@@ -63,6 +63,8 @@ FIGURES = (
     Figure("first_token_ms_median", "Time to first token, median", False, _ms),
     Figure("first_token_ms_p90", "Time to first token, 90th percentile", False, _ms),
     Figure("staff_first_response_s_median", "Staff first response, median", False, _seconds),
+    Figure("cached", "Answered from the answer cache", True, _count),
+    Figure("cache_hit_rate", "Answer cache hit rate", False, _percent),
 )
 
 
