@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from core.answer.critic import Critic, CriticSource, Verdict
+from core.answer.sources import SourceRef
 from core.answer.validate import Knowledge, unknown_links, url_key, validate
 from core.ports import ChatMessage, ChatModel, Usage
 from core.store.agents import Agent
@@ -19,17 +20,6 @@ SETTING = "answer_gates"
 GATES = ("validate", "critic")
 # Every gate retries once; this many drafts at most, whatever failed.
 MAX_DRAFTS = 3
-
-
-class Source(Protocol):
-    @property
-    def id(self) -> int: ...
-    @property
-    def url(self) -> str: ...
-    @property
-    def title(self) -> str: ...
-    @property
-    def text(self) -> str: ...
 
 
 class Draft(Protocol):
@@ -52,7 +42,7 @@ class PageFinder(Protocol):
     async def page_at(self, agent: Agent, url: str) -> Page | None: ...
 
 
-S = TypeVar("S", bound=Source)
+S = TypeVar("S", bound=SourceRef)
 D = TypeVar("D", bound=Draft)
 
 
@@ -139,7 +129,7 @@ class AnswerGates:
             holds=bool(names) and (critic is not None or "validate" in names), critic=critic
         )
 
-    async def check(self, text: str, sources: Sequence[Source], agent: Agent) -> list[str]:
+    async def check(self, text: str, sources: Sequence[SourceRef], agent: Agent) -> list[str]:
         """`validate` the text, after looking its unknown links up among the agent's pages."""
         knowledge = Knowledge(
             source_urls=[s.url for s in sources],
@@ -155,7 +145,7 @@ class AnswerGates:
         return validate(text, replace(knowledge, pages=frozenset(found)))
 
     async def record(
-        self, text: str, sources: Sequence[Source], agent: Agent, trace: list[dict[str, Any]]
+        self, text: str, sources: Sequence[SourceRef], agent: Agent, trace: list[dict[str, Any]]
     ) -> bool:
         """Validate an answer already sent (nothing held it): the verdict is only recorded."""
         reasons = await self.check(text, sources, agent)
@@ -167,7 +157,7 @@ class AnswerGates:
     async def fallback(
         self,
         text: str,
-        sources: Sequence[Source],
+        sources: Sequence[SourceRef],
         agent: Agent,
         trace: list[dict[str, Any]],
         *,
@@ -238,7 +228,7 @@ class AnswerGates:
             correction = rejection(draft.text, reasons, question)
 
 
-def _for_critic(sources: Sequence[Source]) -> list[CriticSource]:
+def _for_critic(sources: Sequence[SourceRef]) -> list[CriticSource]:
     return [CriticSource(s.id, s.url, s.title, s.text) for s in sources]
 
 

@@ -27,6 +27,7 @@ from core.answer.quotas import Quotas, QuotaState
 from core.answer.related import offer_related
 from core.answer.rewrite import QueryRewriter
 from core.answer.smalltalk import preferred_languages, small_talk
+from core.answer.sources import SourceRef, cited_first
 from core.answer.translate import QueryTranslator
 from core.deferrals import is_deferred
 from core.errors import ModelFailed, Unavailable
@@ -71,20 +72,6 @@ class PipelineConfig:
     # The answer gates' critic (core/answer/gates.py): its model, and how long it may take.
     critic_model: str | None = None
     critic_timeout_ms: int = 8000
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRef:
-    id: int
-    url: str
-    title: str
-    score: float
-    text: str
-    locale: str | None = None
-    page_id: int | None = None
-
-    def public(self) -> dict[str, Any]:
-        return {"id": self.id, "url": self.url, "title": self.title, "score": self.score}
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,16 +140,6 @@ def _sources(hits: Sequence[Hit], limit: int) -> list[SourceRef]:
             )
         )
     return sources
-
-
-def _cited_first(text: str, sources: list[SourceRef]) -> tuple[str, list[SourceRef]]:
-    """The text with its citations numbered in order of first use, and the sources in that
-    order (those it does not cite after them)."""
-    processed = postprocess(text, len(sources), [s.text for s in sources])
-    order = [*processed.source_numbers]
-    order += [s.id for s in sources if s.id not in order]
-    by_number = {s.id: s for s in sources}
-    return processed.text, [replace(by_number[n], id=i) for i, n in enumerate(order, start=1)]
 
 
 def _names_found(names: Sequence[str], hits: Sequence[Hit]) -> bool:
@@ -388,7 +365,7 @@ class AnswerPipeline:
             text = quote.text if answered else deferral(language, agent.contact_route)
             # The whole answer is known before it is sent: number its sources 1, 2, ... now,
             # so what streams is what is stored.
-            text, sources = _cited_first(text, sources)
+            text, sources = cited_first(text, sources)
             await self._paced(text, out)
             generated = _Generated(text=text, mode="extractive", deferred=not answered)
         else:
@@ -810,7 +787,7 @@ class AnswerPipeline:
         )
         quoted = quote.answered and estimate >= threshold
         text = quote.text if quoted else deferral(language, agent.contact_route)
-        text, sources = _cited_first(text, gated.sources)
+        text, sources = cited_first(text, gated.sources)
         passed = await self._gates.fallback(text, sources, agent, record, quoted=quoted)
         fallback = _Generated(
             text=text, mode="extractive", deferred=not quoted, passed=passed, held=True,
@@ -867,8 +844,7 @@ class AnswerPipeline:
                     return _Generated(
                         text=explored.text, mode="explore", leaked=explored.leaked,
                         model=self._chat.model, usage=explored.usage, deferred=explored.deferred,
-                        sources=[SourceRef(p.id, p.url, p.title, p.score, p.text, p.locale,
-                                           p.page_id) for p in explored.sources],
+                        sources=explored.sources,
                     )  # fmt: skip
                 return await self._stream(agent, messages, language, guard, out, trace)
         except Unavailable as exc:

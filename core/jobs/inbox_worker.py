@@ -39,8 +39,9 @@ import pydantic
 import redis.exceptions
 
 from core.answer.phrases import phrase
-from core.answer.pipeline import AnswerPipeline, SourceRef
+from core.answer.pipeline import AnswerPipeline
 from core.answer.question import guess_language
+from core.answer.sources import SourceRef
 from core.delivery import Channels, ChoiceSender, Senders, TypingSender, sender_of
 from core.errors import MediaUnavailable, ModelFailed, ParleyError, Unavailable
 from core.feedback import FeedbackReplies, Taken

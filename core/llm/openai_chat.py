@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from openai.types.chat import (
+    ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionMessageParam,
     ChatCompletionToolParam,
@@ -194,6 +195,26 @@ class OpenAIChatModel:
         if usage is not None:
             yield ChatChunk(usage=usage)
 
+    async def _create(
+        self,
+        what: str,
+        name: str,
+        timeout: float | None,  # noqa: ASYNC109 - the request's own deadline
+        **request: Any,
+    ) -> ChatCompletion:
+        """One whole (not streamed) completion with retries within ``timeout``; every
+        failure, and a reply without choices, is `ModelFailed`."""
+        try:
+            async with asyncio.timeout(timeout if timeout is not None else self._total_timeout):
+                completion: ChatCompletion = await self._retrying(
+                    lambda: self._client.chat.completions.create(model=name, **request)
+                )
+        except FAILURES as exc:
+            raise self._failed(what, name, exc) from exc
+        if not completion.choices:
+            raise self._failed(what, name, ValueError("no choices"))
+        return completion
+
     async def complete(
         self,
         messages: Sequence[ChatMessage],
@@ -203,21 +224,14 @@ class OpenAIChatModel:
         model: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the ChatModel port asks for it
     ) -> str:
-        name = model or self._model
-        try:
-            async with asyncio.timeout(timeout if timeout is not None else self._total_timeout):
-                completion = await self._retrying(
-                    lambda: self._client.chat.completions.create(
-                        model=name,
-                        messages=_wire(messages),
-                        max_tokens=max_tokens,
-                        temperature=temperature,
-                    )
-                )
-        except FAILURES as exc:
-            raise self._failed("complete", name, exc) from exc
-        if not completion.choices:
-            raise self._failed("complete", name, ValueError("no choices"))
+        completion = await self._create(
+            "complete",
+            model or self._model,
+            timeout,
+            messages=_wire(messages),
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
         return completion.choices[0].message.content or ""
 
     async def respond(
@@ -231,23 +245,16 @@ class OpenAIChatModel:
         model: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the ChatModel port asks for it
     ) -> ChatReply:
-        name = model or self._model
-        try:
-            async with asyncio.timeout(timeout if timeout is not None else self._total_timeout):
-                completion = await self._retrying(
-                    lambda: self._client.chat.completions.create(
-                        model=name,
-                        messages=_wire(messages),
-                        tools=[_wire_tool(t) for t in tools],
-                        tool_choice=tool_choice,
-                        max_tokens=max_tokens,
-                        temperature=temperature,
-                    )
-                )
-        except FAILURES as exc:
-            raise self._failed("respond", name, exc) from exc
-        if not completion.choices:
-            raise self._failed("respond", name, ValueError("no choices"))
+        completion = await self._create(
+            "respond",
+            model or self._model,
+            timeout,
+            messages=_wire(messages),
+            tools=[_wire_tool(t) for t in tools],
+            tool_choice=tool_choice,
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
         message = completion.choices[0].message
         calls = tuple(
             ToolCall(call.id, call.function.name, call.function.arguments)

@@ -10,13 +10,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.answer.explore.evidence import Evidence, EvidencePage, Retrieved
+from core.answer.explore.evidence import Evidence
 from core.answer.explore.tools import TOOLS, Toolbox
 from core.answer.explore.tree import PageTree
 from core.answer.guard import StreamGuard, refusal
 from core.answer.phrases import deferral
 from core.answer.postprocess import postprocess
 from core.answer.prompt import secret_text
+from core.answer.sources import SourceRef, cited_first
 from core.errors import ModelFailed
 from core.ports import ChatMessage, ChatModel, ChatReply, Usage
 from core.retrieval.retriever import RetrievalQuery, Retriever
@@ -86,7 +87,7 @@ class Explored:
     it cites them; or a deferral, or a refusal when the answer recited the prompt."""
 
     text: str
-    sources: list[EvidencePage]
+    sources: list[SourceRef]
     usage: Usage | None = None
     deferred: bool = False
     leaked: bool = False
@@ -119,7 +120,7 @@ class Explorer:
         self,
         query: RetrievalQuery,
         messages: Sequence[ChatMessage],
-        sources: Sequence[Retrieved],
+        sources: Sequence[SourceRef],
         language: str,
         *,
         emit: Emit,
@@ -169,19 +170,12 @@ class Explorer:
         if not cited or any(number not in evidence for number in cited):
             trace["exploration_end"] = "cited nothing it read" if cited else "cited nothing"
             return await self._defer(agent.contact_route, language, say, usage, calls)
-        pages = evidence.pages()
-        processed = postprocess(answer, len(pages), [p.text for p in pages])
         # Numbered as cited, so that what streams is what is stored; the pages it read but
         # does not cite follow.
-        by_number = {p.id: p for p in pages}
-        order = [*processed.source_numbers]
-        order += [p.id for p in pages if p.id not in order]
-        numbered = [
-            EvidencePage(new, *_fields(by_number[old])) for new, old in enumerate(order, start=1)
-        ]
+        text, numbered = cited_first(answer, evidence.pages())
         await emit(TurnEvent.status("answering"))
-        await say(processed.text)
-        return Explored(processed.text, numbered, usage, calls=calls)
+        await say(text)
+        return Explored(text, numbered, usage, calls=calls)
 
     async def _ask(self, messages: Sequence[ChatMessage], last: bool, timeout: float) -> ChatReply:  # noqa: ASYNC109 - the model call's own deadline
         return await self._chat.respond(
@@ -204,10 +198,6 @@ class Explorer:
         text = deferral(language, contact_route)
         await say(text)
         return Explored(text, [], usage, deferred=True, calls=calls)
-
-
-def _fields(page: EvidencePage) -> tuple[str, str, float, str, str | None, int | None]:
-    return page.url, page.title, page.score, page.text, page.locale, page.page_id
 
 
 class _Session:
