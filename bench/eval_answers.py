@@ -51,7 +51,7 @@ from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
-from core.store import Agents, open_database
+from core.store import Agents, Database, open_database
 from core.store.knowledge import KnowledgeStore
 from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, PageContext, TurnRequest
@@ -200,7 +200,8 @@ def as_deployed(reply: Reply, threshold: float) -> Reply:
     return replace(reply, answer="", deferred=True, low_confidence=True)
 
 
-async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Reply]:
+async def open_shop(settings: Settings) -> tuple[Database, UseEmbedder, Agents]:
+    """The bundled shop's agent, its pages ingested, on a database of its own."""
     database = await open_database(settings, max_size=4)
     embedder = UseEmbedder()
     agents = Agents(database.pool)
@@ -212,6 +213,11 @@ async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Reply]:
         agent, parse_source(str(SHOP))
     )
     print(f"ingested {report.added} pages ({report.chunks_embedded} chunks)")
+    return database, embedder, agents
+
+
+async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Reply]:
+    database, embedder, agents = await open_shop(settings)
     await agents.update(AGENT, settings={"answer_threshold": 0.0})
     async with aiohttp.ClientSession() as session:
         pipeline = build_pipeline(

@@ -39,22 +39,17 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from bench.database import bench_settings
-from bench.eval_answers import AGENT, CONTACT_ROUTE, DATA, SHOP, Case, load_cases, run_case
+from bench.eval_answers import AGENT, DATA, Case, load_cases, open_shop, run_case
 from bench.simulated_model import SimulatedModel
 from core.answer.factory import build_pipeline
 from core.answer.pipeline import AnswerPipeline, PipelineConfig
 from core.answer.smalltalk import small_talk
 from core.cache import LocalCache
-from core.knowledge.ingest import Ingestor
-from core.knowledge.sources import parse_source
 from core.llm.openai_chat import OpenAIChatModel
 from core.ports import ChatModel
-from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
-from core.store import Agents, open_database
+from core.store import Agents
 from core.store.database import Database
-from core.store.knowledge import KnowledgeStore
-from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, TurnRequest
 from tests.fakes.openai import FakeOpenAI, calls, tool_call
 
@@ -132,7 +127,7 @@ class Explorer:
 async def _ask_all(
     pipeline: AnswerPipeline, database: Database, cases: Sequence[Case], name: str, fake: FakeOpenAI
 ) -> Run:
-    before = len(fake.chat_requests)
+    before = len(fake.turn_requests)
     right, deferred, seconds, faulty = [], [], [], 0
     turns = 0
     for case in cases:
@@ -145,7 +140,7 @@ async def _ask_all(
         else:
             deferred.append(reply.deferred)
         faulty += _faulty(reply.answer)
-    return Run(name, right, deferred, faulty, seconds, len(fake.chat_requests) - before, turns)
+    return Run(name, right, deferred, faulty, seconds, len(fake.turn_requests) - before, turns)
 
 
 async def _configure(agents: Agents, **settings: Any) -> None:
@@ -153,27 +148,24 @@ async def _configure(agents: Agents, **settings: Any) -> None:
 
 
 async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Run]:
-    database = await open_database(settings, max_size=4)
-    embedder = UseEmbedder()
-    agents = Agents(database.pool)
-    agent = await agents.create(
-        AGENT, embedder=EmbedderIdentity.of(embedder), language="en", timezone="Europe/Amsterdam"
-    )
-    await agents.update(AGENT, contact_route=CONTACT_ROUTE)
-    await Ingestor(KnowledgeStore(database.pool), embedder).ingest(agent, parse_source(str(SHOP)))
-    writer = SimulatedModel(rates=RATES)
+    database, embedder, agents = await open_shop(settings)
+    writer = SimulatedModel(encode=embedder._encode, rates=RATES)
     fake = FakeOpenAI(responder=writer.reply, tool_responder=Explorer(writer).reply)
     server = TestServer(fake.app())
     await server.start_server()
     chat = OpenAIChatModel(WRITER, api_key="sim", base_url=str(server.make_url("/v1")))
     config = PipelineConfig(pace_seconds=0.0, critic_model=CRITIC)
     runs = []
+    built: list[AnswerPipeline] = []
     async with aiohttp.ClientSession() as session:
 
         def pipeline(model: ChatModel | None) -> AnswerPipeline:
-            return build_pipeline(
-                settings, database.pool, LocalCache(), embedder, session, model, config=config
+            built.append(
+                build_pipeline(
+                    settings, database.pool, LocalCache(), embedder, session, model, config=config
+                )
             )
+            return built[-1]
 
         plans: list[tuple[str, ChatModel | None, Mapping[str, Any]]] = [
             ("extractive", None, {}),
@@ -193,7 +185,8 @@ async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Run]:
         hits = await database.pool.fetchval("SELECT count(*) FROM turns WHERE mode = 'cached'")
         print(f"  cached: {hits} answers served from the cache on the second pass", flush=True)
         await _small_talk(pipeline(None), cases)
-        await pipeline(None).memory.drain()
+        for each in built:
+            await each.memory.drain()  # summaries and topics still being written
     await chat.close()
     await server.close()
     await database.close()

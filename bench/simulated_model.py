@@ -2,9 +2,10 @@
 real model: it writes from the prompt's sources the way a small model does, and makes the
 mistakes the gates exist for at known, seeded rates.
 
-The writer answers with the source sentence that shares the most words with the question,
-cited as that source's ``[n]``; when no sentence shares two words it says it could not verify
-the answer. Then, per (question, attempt), it may spoil the draft:
+The writer answers with the source sentence closest to the question (by the ``encode``
+given, the bundled sentence encoder in the benchmarks, and the words they share), cited as
+that source's ``[n]``, and the next closest sentence of the same source when that is close
+too; when no sentence is close it says it could not verify the answer. Then, per (question, attempt), it may spoil the draft:
 
 - ``bad_citation``: cites a source the prompt does not have;
 - ``invented_url``: adds a link to a page the shop does not have;
@@ -21,15 +22,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 _SOURCE = re.compile(r'<source id="(\d+)" url="([^"]*)" title="([^"]*)">\n(.*?)\n</source>', re.S)
 _WORD = re.compile(r"\w{3,}", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 UNVERIFIED = "I couldn't verify this from the information on our website."
 DEFECTS = ("bad_citation", "invented_url", "broken_markdown", "drift")
+# Below this closeness (cosine plus a tenth per shared word) no sentence answers.
+CLOSE = 0.35
+Encode = Callable[[list[str]], NDArray[np.float32]]  # texts -> unit vectors, one row each
 
 
 def _stems(text: str) -> set[str]:
@@ -51,6 +58,7 @@ def _content(message: Mapping[str, Any]) -> str:
 class SimulatedModel:
     """``rates``: the chance of each defect in a draft (at most one per draft)."""
 
+    encode: Encode
     rates: Mapping[str, float] = field(default_factory=dict)
     seed: str = "parley"
     drafts: int = 0
@@ -66,27 +74,38 @@ class SimulatedModel:
             return self._criticise(system, question)
         return self._write(system, question, attempt=len(messages))
 
-    def _ranked(self, system: str, question: str) -> list[tuple[int, int, str]]:
-        """(shared words, source number, sentence), best first."""
-        wanted = _stems(question)
-        ranked = []
+    def _ranked(self, system: str, question: str) -> list[tuple[float, int, str]]:
+        """(closeness, source number, sentence), closest first."""
+        found = []
         for number, _url, _title, text in _SOURCE.findall(system):
             for sentence in _SENTENCE.split(text):
                 sentence = sentence.strip().lstrip("#").strip()
                 if len(sentence) > 12:
-                    ranked.append((len(wanted & _stems(sentence)), int(number), sentence))
+                    found.append((int(number), sentence))
+        if not found:
+            return []
+        vectors = self.encode([question, *(sentence for _, sentence in found)])
+        cosines = vectors[1:] @ vectors[0]
+        wanted = _stems(question)
+        ranked = [
+            (float(cos) + 0.1 * len(wanted & _stems(sentence)), number, sentence)
+            for cos, (number, sentence) in zip(cosines, found, strict=True)
+        ]
         return sorted(ranked, key=lambda r: -r[0])
 
     def _write(self, system: str, question: str, attempt: int) -> str:
         self.drafts += 1
         ranked = self._ranked(system, question)
-        if not ranked or ranked[0][0] < 2:
+        if not ranked or ranked[0][0] < CLOSE:
             return UNVERIFIED
         defect = self._defect(question, attempt)
         _, number, sentence = ranked[1] if defect == "drift" and len(ranked) > 1 else ranked[0]
+        more = next(
+            (s for c, n, s in ranked[1:4] if n == number and s != sentence and c >= CLOSE), None
+        )
         if defect == "bad_citation":
             number += 7
-        answer = f"{sentence} [{number}]"
+        answer = f"{sentence} {more} [{number}]" if more else f"{sentence} [{number}]"
         if defect == "invented_url":
             answer += " More at https://deals.example.net/offer."
         if defect == "broken_markdown":
