@@ -72,6 +72,7 @@ class Run:
     seconds: list[float]
     model_requests: int
     turns: int
+    answers: dict[str, tuple[bool, str]]  # qid -> (right, the reply)
 
     def line(self) -> str:
         p95 = statistics.quantiles(self.seconds, n=20)[18] if len(self.seconds) > 1 else 0.0
@@ -130,6 +131,7 @@ async def _ask_all(
     before = len(fake.turn_requests)
     right, deferred, seconds, faulty = [], [], [], 0
     turns = 0
+    answers: dict[str, tuple[bool, str]] = {}
     for case in cases:
         started = time.perf_counter()
         reply = await run_case(pipeline, database.pool, case)
@@ -140,7 +142,9 @@ async def _ask_all(
         else:
             deferred.append(reply.deferred)
         faulty += _faulty(reply.answer)
-    return Run(name, right, deferred, faulty, seconds, len(fake.turn_requests) - before, turns)
+        answers[case.qid] = (reply.right, reply.answer)
+    requests = len(fake.turn_requests) - before
+    return Run(name, right, deferred, faulty, seconds, requests, turns, answers)
 
 
 async def _configure(agents: Agents, **settings: Any) -> None:
@@ -180,10 +184,14 @@ async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Run]:
             print(f"  {name}: done", flush=True)
         await agents.update(AGENT, settings={})  # the answer cache as deployed: on
         cached = pipeline(None)
-        await _ask_all(cached, database, cases, "first pass", fake)
+        first = await _ask_all(cached, database, cases, "first pass", fake)
         runs.append(await _ask_all(cached, database, cases, "cached (2nd)", fake))
         hits = await database.pool.fetchval("SELECT count(*) FROM turns WHERE mode = 'cached'")
         print(f"  cached: {hits} answers served from the cache on the second pass", flush=True)
+        for qid, (right, answer) in runs[-1].answers.items():
+            if right != first.answers[qid][0]:
+                print(f"    {qid}: {'right' if right else 'wrong'} now: {answer[:160]!r}")
+                print(f"      first pass: {first.answers[qid][1][:160]!r}")
         await _small_talk(pipeline(None), cases)
         for each in built:
             await each.memory.drain()  # summaries and topics still being written

@@ -117,7 +117,8 @@ def validated(model: type[M], data: Any, what: str = "") -> M:
     except ValidationError as exc:
         problem = exc.errors()[0]
         where = ".".join(str(p) for p in problem["loc"]) or "body"
-        raise InvalidInput(f"{what}{where}: {problem['msg']}") from None
+        message = problem["msg"].removeprefix("Value error, ")  # a validator's own words
+        raise InvalidInput(f"{what}{where}: {message}") from None
 
 
 def parse_body(raw: bytes, model: type[M]) -> M:

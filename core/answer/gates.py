@@ -72,13 +72,18 @@ class Gated(Generic[D, S]):
         return Usage(sum(u.prompt_tokens for u in used), sum(u.completion_tokens for u in used))
 
 
-def gate_names(settings: Mapping[str, Any], critic_configured: bool) -> tuple[str, ...]:
+def gate_names(
+    settings: Mapping[str, Any], critic_configured: bool, *, streamed: bool = True
+) -> tuple[str, ...]:
     """The gates an agent holds its answers for: its ``answer_gates`` setting, else the
-    critic (with validation) when a critic model is configured, else none."""
+    critic (with validation) when a critic model is configured, else validation where the
+    answer is not ``streamed`` to the reader (sent whole, holding it costs no first word)."""
     chosen = settings.get(SETTING)
     if isinstance(chosen, list | tuple):
         return tuple(g for g in GATES if g in chosen)
-    return GATES if critic_configured else ()
+    if critic_configured:
+        return GATES
+    return () if streamed else ("validate",)
 
 
 def rejection(draft: str, reasons: Sequence[str], question: str) -> list[ChatMessage]:
@@ -120,10 +125,11 @@ class AnswerGates:
             else None
         )
 
-    def plan(self, agent: Agent) -> GatePlan:
-        """What holds this agent's answers: the critic implies validation (the answer is
-        held for it anyway); asked for without a critic model, the critic is left out."""
-        names = gate_names(agent.settings, self._critic is not None)
+    def plan(self, agent: Agent, *, streamed: bool = True) -> GatePlan:
+        """What holds this agent's answers (``streamed``: token by token to the reader): the
+        critic implies validation (the answer is held for it anyway); asked for without a
+        critic model, the critic is left out."""
+        names = gate_names(agent.settings, self._critic is not None, streamed=streamed)
         critic = self._critic if "critic" in names else None
         return GatePlan(
             holds=bool(names) and (critic is not None or "validate" in names), critic=critic

@@ -42,7 +42,7 @@ from core.store.agents import Agent, Agents
 from core.store.conversations import Conversations, TurnRecord
 from core.store.curated import CuratedAnswers
 from core.store.handoff import UNREACHABLE, HandoffStore
-from core.turns import CollectingTurnOutput, TurnEvent, TurnOutput, TurnRequest
+from core.turns import TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,18 @@ class _Output:
             log.info("turn.client.gone event=%s", event.kind)
 
 
+class _Held:
+    """Where a held draft is written: its status events ("reading Shipping") reach the
+    visitor, its words wait until the answer is accepted."""
+
+    def __init__(self, out: _Output) -> None:
+        self._out = out
+
+    async def emit(self, event: TurnEvent) -> None:
+        if event.kind == "status":
+            await self._out.emit(event)
+
+
 @dataclass
 class _Trace:
     started: float = field(default_factory=time.perf_counter)
@@ -153,6 +165,10 @@ def _tags(agent_tags: object, request_tags: Sequence[str]) -> tuple[str, ...]:
     own = [str(t) for t in agent_tags] if isinstance(agent_tags, list | tuple) else []
     return tuple(sorted({t.lower() for t in [*own, *request_tags]}))
 
+
+# The channels whose readers see an answer as it is written (Server-Sent Events); the others
+# send it whole, so holding it until it is checked costs them nothing but a retry's time.
+STREAMED = frozenset({"web", "playground"})
 
 # Turns staff or the nightly checks ask, not customers: they cost nothing and are no gaps.
 REHEARSALS = frozenset({"playground", "test"})
@@ -749,7 +765,7 @@ class AnswerPipeline:
         the visitor sees it (a rejected one is written once more, then replaced by the
         sources' quote or a deferral); else it streams and its verdict is only recorded."""
         record: list[dict[str, Any]] = trace.data.setdefault("gates", [])
-        plan = self._gates.plan(agent)
+        plan = self._gates.plan(agent, streamed=request.channel in STREAMED)
         if not plan.holds:
             generated = await self._generate(
                 request, agent, sources, history, summary, language, out, trace
@@ -763,7 +779,7 @@ class AnswerPipeline:
         async def write(
             given: list[SourceRef], correction: list[ChatMessage]
         ) -> tuple[_Generated, list[SourceRef]]:
-            held = _Output(CollectingTurnOutput())  # nothing reaches the visitor yet
+            held = _Output(_Held(out))  # the visitor sees what it does, none of its words
             draft = await self._generate(
                 request, agent, given, history, summary, language, held, trace, correction
             )

@@ -210,3 +210,32 @@ async def test_sources_of_one_address_are_shown_once(
     assert output.done["answer"] == "Shipping costs 4.95 euro [1] and takes 2-3 days [1]."
     assert output.done["citations"] == [1]
     assert [s["title"] for s in output.sources] == ["Shipping"]
+
+
+async def test_unset_gates_hold_answers_sent_whole_and_stream_those_read_as_written(
+    rig: Rig, use_embedder: UseEmbedder, cache: RedisCache
+) -> None:
+    """No critic model and no ``answer_gates``: the JSON API (like WhatsApp and Telegram)
+    gets its answer whole, so validation holds it; the widget reads it as it is written."""
+    settings = rig.settings.model_copy(update={"critic_model": None})
+    chat = OpenAIChatModel(MODEL, api_key="sk-test", base_url=str(settings.llm_base_url))
+    async with aiohttp.ClientSession() as session:
+        rig.pipeline = build_pipeline(
+            settings, rig.database.pool, cache, use_embedder, session, chat
+        )
+        draft = "Parcels take 2-3 working days [7]."
+        rig.fake.replies[MODEL] = [draft, GOOD]
+        whole = await rig.ask(QUESTION, key="api")
+        assert whole.streamed_text == GOOD
+        assert _verdicts(await _trace(rig, whole)) == [
+            ("validate", 1, "failed"), ("validate", 2, "passed"),
+        ]  # fmt: skip
+
+        rig.fake.replies[MODEL] = [draft]
+        read = await rig.ask(QUESTION, key="web", channel="web")
+        assert read.streamed_text == draft  # sent as written: nothing held it
+        trace = await _trace(rig, read)
+        assert [(g["verdict"], g["enforced"]) for g in trace["gates"]] == [("failed", False)]
+        assert read.sources == []  # its sources are not shown
+        await rig.pipeline.memory.drain()
+    await chat.close()

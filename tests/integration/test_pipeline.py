@@ -54,10 +54,12 @@ class Rig:
     agent: Agent
     settings: Settings
 
-    async def ask(self, text: str, key: str = "conv-1", **fields: object) -> CollectingTurnOutput:
+    async def ask(
+        self, text: str, key: str = "conv-1", channel: str = "api", **fields: object
+    ) -> CollectingTurnOutput:
         output = CollectingTurnOutput()
         request = TurnRequest(
-            agent="shop", channel="api", conversation_key=key, text=text, **fields
+            agent="shop", channel=channel, conversation_key=key, text=text, **fields
         )  # type: ignore[arg-type]
         await self.pipeline.run(request, output)
         return output
@@ -271,7 +273,7 @@ async def test_nothing_is_saved_until_the_stream_has_ended(rig: Rig) -> None:
     output = Watching()
     await rig.pipeline.run(
         TurnRequest(
-            agent="shop", channel="api", conversation_key="c", text="Delivery time to Belgium?"
+            agent="shop", channel="web", conversation_key="c", text="Delivery time to Belgium?"
         ),
         output,
     )

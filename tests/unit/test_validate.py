@@ -161,6 +161,9 @@ def test_shown_sources_are_deduplicated_and_hidden_when_the_gates_failed() -> No
 
 def test_which_gates_hold_and_how_a_retry_is_asked() -> None:
     assert gate_names({}, critic_configured=False) == ()
+    # Sent whole (WhatsApp, Telegram, the JSON API): validation holds it unless told not to.
+    assert gate_names({}, critic_configured=False, streamed=False) == ("validate",)
+    assert gate_names({"answer_gates": []}, critic_configured=False, streamed=False) == ()
     assert gate_names({}, critic_configured=True) == ("validate", "critic")
     assert gate_names({"answer_gates": ["validate"]}, critic_configured=True) == ("validate",)
     assert gate_names({"answer_gates": []}, critic_configured=True) == ()
