@@ -171,8 +171,12 @@ async def ask(
     return output, outcome
 
 
-async def run_case(pipeline: AnswerPipeline, pool: asyncpg.Pool, case: Case) -> Reply:
-    key = case.qid
+async def run_case(
+    pipeline: AnswerPipeline, pool: asyncpg.Pool, case: Case, session: str = ""
+) -> Reply:
+    """``case`` asked after its earlier turns, in a conversation of its own (``session``
+    tells apart conversations of several runs on one database)."""
+    key = f"{session}{case.qid}"
     for turn in case.history:
         await ask(pipeline, key, turn.question, turn.page)
     output, outcome = await ask(pipeline, key, case.question, case.page)

@@ -134,7 +134,7 @@ async def _ask_all(
     answers: dict[str, tuple[bool, str]] = {}
     for case in cases:
         started = time.perf_counter()
-        reply = await run_case(pipeline, database.pool, case)
+        reply = await run_case(pipeline, database.pool, case, session=f"{name}:")
         seconds.append((time.perf_counter() - started) / (len(case.history) + 1))
         turns += len(case.history) + 1
         if case.answerable:
@@ -188,10 +188,20 @@ async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Run]:
         runs.append(await _ask_all(cached, database, cases, "cached (2nd)", fake))
         hits = await database.pool.fetchval("SELECT count(*) FROM turns WHERE mode = 'cached'")
         print(f"  cached: {hits} answers served from the cache on the second pass", flush=True)
-        for qid, (right, answer) in runs[-1].answers.items():
-            if right != first.answers[qid][0]:
-                print(f"    {qid}: {'right' if right else 'wrong'} now: {answer[:160]!r}")
-                print(f"      first pass: {first.answers[qid][1][:160]!r}")
+        # What the cache changed: each reply that differs from the same question's without it.
+        without = runs[0].answers
+        for label, run in (("first pass", first), ("second pass", runs[-1])):
+            for qid, (right, answer) in run.answers.items():
+                if right != without[qid][0]:
+                    matched = await database.pool.fetchval(
+                        "SELECT t.trace -> 'answer_cache_match' FROM turns t JOIN conversations c"
+                        " ON c.id = t.conversation_id WHERE c.conversation_key = $1"
+                        " ORDER BY t.id DESC LIMIT 1",
+                        f"{run.name}:{qid}",
+                    )
+                    print(f"    {label} {qid}: {'right' if right else 'wrong'}: {answer[:140]!r}")
+                    print(f"      without the cache: {without[qid][1][:140]!r}")
+                    print(f"      served for: {matched}")
         await _small_talk(pipeline(None), cases)
         for each in built:
             await each.memory.drain()  # summaries and topics still being written

@@ -31,6 +31,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,6 +39,7 @@ from numpy.typing import NDArray
 from core.answer.question import guess_language, names_in
 from core.answer.rewrite import is_follow_up
 from core.ports import Cache, Embedder
+from core.retrieval.boosts import same_page
 from core.retrieval.retriever import RetrievalQuery
 from core.store.agents import Agent
 from core.turns import TurnRequest
@@ -211,7 +213,13 @@ class AnswerCache:
             verdict="miss", bucket=bucket, registry=f"answers:{agent.id}:buckets",
             question=request.text,
         )  # fmt: skip
-        entries = [e for e in map(_entry, reversed(await self._cache.list_range(bucket))) if e]
+        # An answer drawn from the page its asker was on holds for that page only.
+        page = _page_of(request)
+        entries = [
+            e
+            for e in map(_entry, reversed(await self._cache.list_range(bucket)))
+            if e and e.get("page") in (None, page)
+        ]
         if not entries:
             return found
         wanted = normalised(request.text)
@@ -272,6 +280,10 @@ class AnswerCache:
             "s": [dict(s) for s in sources],
             "c": list(citations),
             "p": confidence,
+            # Written from the page the visitor was on: valid for a visitor on that page only.
+            "page": _page_of(request)
+            if request.page and any(same_page(str(s["url"]), request.page.url) for s in sources)
+            else None,
         }
         await self._cache.list_push(
             lookup.bucket, json.dumps(entry, ensure_ascii=False), keep=self._keep, ttl=self._ttl
@@ -291,6 +303,12 @@ class AnswerCache:
             await self._cache.list_push(registry, *kept, keep=_MAX_BUCKETS, ttl=self._ttl)
         elif bucket not in listed:
             await self._cache.list_push(registry, bucket, keep=_MAX_BUCKETS, ttl=self._ttl)
+
+
+def _page_of(request: TurnRequest) -> str | None:
+    """The path of the page the visitor is on, as entries compare it (`same_page`'s way)."""
+    url = request.page.url if request.page else None
+    return (urlsplit(url).path.rstrip("/") or "/") if url else None
 
 
 def _entry(text: str) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from core.retrieval.embedders import UseEmbedder
 from core.store import Agents
 from core.store.knowledge import KnowledgeStore
 from core.store.reports import Reports
-from core.turns import CollectingTurnOutput, TurnRequest
+from core.turns import CollectingTurnOutput, PageContext, TurnRequest
 from tests.integration.test_pipeline import MODEL, Rig, fake, rig
 from tests.support.redis_keys import key_prefix
 from tests.support.services import free_port
@@ -83,6 +83,22 @@ async def test_a_repeated_or_reworded_question_is_answered_from_the_cache(rig: R
     report = await Reports(rig.database.pool).report(rig.agent.id, "UTC", today, today)
     assert (report.total.cached, report.total.answered) == (2, 4)
     assert report.total.cache_hit_rate == 0.5
+
+    # An answer written from the page its asker was on is served on that page only (a
+    # question leaning on the page, "which colours are there?", is never cached at all).
+    fjord = PageContext(url="https://shop.example/en/products/fjord", title="Fjord GTX boot")
+    colours = "Which colours does the Fjord GTX boot come in?"
+    rig.fake.replies[MODEL] = ["Brown and blue [1]."]
+    on_page = await rig.ask(colours, key="e", page=fjord)
+    assert on_page.sources[0]["url"] == "/en/products/fjord"
+    elsewhere = PageContext(url="https://shop.example/en/shipping", title="Shipping")
+    rig.fake.replies[MODEL] = ["I couldn't verify this from the information on our website."]
+    other = await rig.ask(colours, key="f", page=elsewhere)
+    assert other.done is not None
+    assert other.done["cached"] is False
+    same = await rig.ask(colours, key="g", page=fjord)
+    assert same.done is not None
+    assert (same.done["cached"], same.done["answer"]) == (True, on_page.done["answer"])
 
 
 async def test_follow_ups_new_knowledge_and_a_switched_off_cache_miss(
