@@ -59,7 +59,7 @@ TTL_SECONDS = 24 * 60 * 60
 KEEP = 100
 # Buckets an agent's registry lists (languages x tag filters x channels' writing rules).
 _MAX_BUCKETS = 1000
-CACHED_MODES = frozenset({"llm", "extractive"})
+CACHED_MODES = frozenset({"llm", "extractive", "explore"})  # answers the knowledge gave
 REHEARSALS = frozenset({"playground", "test"})
 
 # Questions about the present moment: their answer depends on when they are asked.
