@@ -812,7 +812,8 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
 }
 .msg.bot.error { background: #fff6f4; border-color: #f4cfc6; color: #8a2c1b; }
 .status { display: flex; align-items: center; gap: 8px; min-height: 22px; color: var(--muted); font-size: 14px; }
-.status-text { min-width: 0; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.status-text { display: inline-flex; min-width: 0; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.status-page { min-width: 0; overflow: hidden; text-overflow: ellipsis; }
 .dots { display: inline-flex; gap: 3px; }
 .dots span { width: 6px; height: 6px; border-radius: 50%; background: currentColor; opacity: .35; animation: blink 1.2s infinite ease-in-out; }
 .dots span:nth-child(2) { animation-delay: .15s; }
@@ -1189,8 +1190,15 @@ button:focus-visible, textarea:focus-visible, a:focus-visible { outline: 2px sol
       // The page being read, when the assistant explores the site: "Reading Shipping…".
       let title = typeof page === "string" ? page.replace(/\s+/g, " ").trim() : "";
       if (title.length > 80) title = `${title.slice(0, 79)}…`;
-      msg.statusText.textContent =
-        step === "reading" && title ? T.readingPage.replace("{page}", () => title) : label;
+      if (step === "reading" && title) {
+        // Only the title gives way to a narrow bubble: "… lezen…" stays in sight.
+        const [before, after] = T.readingPage.split("{page}");
+        msg.statusText.replaceChildren(
+          before, h("span", { class: "status-page", text: title }), after || "",
+        );
+      } else {
+        msg.statusText.textContent = label;
+      }
       msg.el.setAttribute("data-step", step);
     }
 

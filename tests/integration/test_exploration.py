@@ -231,5 +231,5 @@ async def test_no_evidence_no_answer_and_bounds(rig: Rig) -> None:
     # A model that fails while exploring fails the turn as a single answer would.
     await rig.pipeline.memory.drain()  # no topic written in the background takes the failure
     rig.fake.chat_down_with = 500
-    failed = await rig.ask("What does shipping to Belgium cost?")
+    failed = await rig.ask("Do you ship to Norway?")  # (not one the answer cache knows)
     assert failed.error == {"code": "llm_failed", "message": "the answer could not be generated"}
