@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -186,11 +187,13 @@ class AnswerGates:
         write: Callable[[list[S], list[ChatMessage]], Awaitable[tuple[D, list[S]]]],
         search_again: Callable[[str | None], Awaitable[list[S]]],
         trace: list[dict[str, Any]],
+        model_call: Callable[[], AbstractAsyncContextManager[None]] = nullcontext,
     ) -> Gated[D, S]:
         """Drafts written by ``write(sources, correction)`` (a draft and the sources it
         answered from) until one passes or the retries are spent (then ``draft`` is None: the
         caller falls back). A critic's rejection searches again (``search_again(hint)``)
-        before the next draft."""
+        before the next draft. The critic is asked within ``model_call()`` (the agent's
+        model limits)."""
         gated: Gated[D, S] = Gated(None, sources)
         correction: list[ChatMessage] = []
         retried: set[str] = set()
@@ -210,7 +213,10 @@ class AnswerGates:
             trace.append(_entry("validate", attempt, "failed" if reasons else "passed", reasons))
             gate, hint = "validate", None
             if not reasons and plan.critic is not None:
-                verdict = await plan.critic.review(question, draft.text, _for_critic(gated.sources))
+                async with model_call():
+                    verdict = await plan.critic.review(
+                        question, draft.text, _for_critic(gated.sources)
+                    )
                 trace.append(_critic_entry(attempt, verdict, plan.critic.model))
                 reasons = list(verdict.reasons) if verdict.status == "failed" else []
                 gate, hint = "critic", verdict.hint

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -790,9 +791,15 @@ class AnswerPipeline:
             found = await self._retriever.retrieve(wider)
             return _sources(found.hits, self._max_sources(request)) or sources
 
+        @asynccontextmanager
+        async def model_call() -> AsyncIterator[None]:
+            # The critic's call waits on the network like the answer's, within the same limits.
+            async with network_wait(), self._limits.call(agent.id, agent.settings):
+                yield
+
         gated = await self._gates.run(
             plan, agent, request.text, sources, write=write, search_again=search_again,
-            trace=record,
+            trace=record, model_call=model_call,
         )  # fmt: skip
         if gated.draft is not None:
             gated.draft.passed, gated.draft.held = gated.passed, True

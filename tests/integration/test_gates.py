@@ -3,6 +3,7 @@ real database and Redis. What the visitor is sent, what is stored, what the trac
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -239,3 +240,21 @@ async def test_unset_gates_hold_answers_sent_whole_and_stream_those_read_as_writ
         assert read.sources == []  # its sources are not shown
         await rig.pipeline.memory.drain()
     await chat.close()
+
+
+async def test_the_critic_is_asked_within_the_agents_model_limits(rig: Rig) -> None:
+    """With one model call at a time for the agent, a turn's critic never runs beside another
+    turn's answer being written."""
+    await _agent(rig, answer_gates=["validate", "critic"], llm_concurrency=1)
+    rig.fake.first_token_delay = 0.2
+    rig.fake.replies[MODEL] = [GOOD, GOOD]
+    rig.fake.replies[CRITIC] = [json.dumps({"ok": True}), json.dumps({"ok": True})]
+    first, second = await asyncio.gather(
+        rig.ask(QUESTION, key="one"), rig.ask("Delivery time to Belgium?", key="two")
+    )
+    for output in (first, second):
+        assert output.done is not None
+        assert output.done["answer"] == GOOD
+        assert _verdicts(await _trace(rig, output))[-1] == ("critic", 1, "passed")
+    assert [body["model"] for body in rig.fake.turn_requests].count(CRITIC) == 2
+    assert rig.fake.most_chats_in_flight == 1
