@@ -424,14 +424,29 @@ async def test_the_conversation_page_shows_summary_transcript_and_traces(
         {"gate": "validate", "attempt": 1, "verdict": "failed", "reasons": ["citation [7] refers to no source"]},
         {"gate": "critic", "attempt": 2, "verdict": "not_checked", "reasons": ["the critic timed out"], "model": "critic-x"},
     ]  # fmt: skip
+    # ... whose question was translated for the search, and what the answer cache, the
+    # quotas and related reading made of it.
+    steps = {
+        "translated_query": "shipping costs Belgium",
+        "translation": {"from": "nl", "to": "en", "method": "model", "ms": 210.0},
+        "answer_cache": "hit",
+        "answer_cache_match": {"how": "semantic", "similarity": 0.95, "question": "Cost?"},
+        "quota": {"visitor_day": 3, "agent_month": None},
+        "related": ["https://shop.example/en/returns"],
+    }
     await console.pool.execute(
         "UPDATE turns SET trace = trace || $1::jsonb WHERE id = (SELECT min(t.id) FROM turns t "
         "JOIN conversations c ON c.id = t.conversation_id WHERE c.id = $2)",
-        {"gates": gates}, whatsapp,
+        {"gates": gates, **steps}, whatsapp,
     )  # fmt: skip
     html = await console.page(f"/admin/conversations/{whatsapp}")
     assert "<li>Validation, draft 1: failed: citation [7] refers to no source</li>" in html
     assert '<li>Critic, draft 2 <span class="muted">(critic-x)</span>: not checked: ' in html
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    assert "Translated shipping costs Belgium (nl → en)" in text
+    assert "Answer cache hit (semantic, similarity 0.95, cached for “Cost?”)" in text
+    assert "Quota left this visitor today: 3; the agent this month: unlimited" in text
+    assert "Related reading https://shop.example/en/returns" in text
     summary_at = html.index("Summary</h2>")
     transcript_at = html.index("Transcript</h2>")
     assert summary_at < transcript_at
