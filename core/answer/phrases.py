@@ -118,29 +118,29 @@ _PHRASES: _Table = MappingProxyType(
             "it": "👎 No",
         },
         # The replies to a message that is nothing but a greeting, thanks or goodbye
-        # (`core.answer.smalltalk`).
+        # (`core.answer.smalltalk`); as formal as "contact", which may follow them.
         "smalltalk_greeting": {
             "en": "Hello! How can I help you?",
             "nl": "Hallo! Waarmee kan ik je helpen?",
-            "de": "Hallo! Wie kann ich dir helfen?",
+            "de": "Hallo! Wie kann ich Ihnen helfen?",
             "fr": "Bonjour ! Comment puis-je vous aider ?",
-            "es": "¡Hola! ¿En qué puedo ayudarte?",
-            "it": "Ciao! Come posso aiutarti?",
+            "es": "¡Hola! ¿En qué puedo ayudarle?",
+            "it": "Buongiorno! Come posso aiutarLa?",
         },
         "smalltalk_thanks": {
             "en": "You're welcome! Is there anything else I can help you with?",
             "nl": "Graag gedaan! Kan ik je nog ergens anders mee helpen?",
-            "de": "Gern geschehen! Kann ich dir noch bei etwas anderem helfen?",
+            "de": "Gern geschehen! Kann ich Ihnen noch bei etwas anderem helfen?",
             "fr": "Avec plaisir ! Puis-je vous aider pour autre chose ?",
-            "es": "¡De nada! ¿Puedo ayudarte en algo más?",
-            "it": "Prego! Posso aiutarti in qualcos'altro?",
+            "es": "¡De nada! ¿Puedo ayudarle en algo más?",
+            "it": "Prego! Posso aiutarLa in qualcos'altro?",
         },
         "smalltalk_goodbye": {
             "en": "Goodbye, and have a nice day!",
             "nl": "Tot ziens, en nog een fijne dag!",
-            "de": "Tschüss, und einen schönen Tag noch!",
+            "de": "Auf Wiedersehen und einen schönen Tag noch!",
             "fr": "Au revoir, et bonne journée !",
-            "es": "¡Adiós, y que tengas un buen día!",
+            "es": "¡Adiós, y que tenga un buen día!",
             "it": "Arrivederci, e buona giornata!",
         },
         # A quota has run out (`core.answer.quotas`): the visitor's for today, or the agent's
@@ -149,11 +149,12 @@ _PHRASES: _Table = MappingProxyType(
             "en": "You have reached today's limit of questions. Please come back tomorrow.",
             "nl": "Je hebt het maximale aantal vragen voor vandaag bereikt. Kom morgen gerust "
             "terug.",
-            "de": "Du hast die Höchstzahl an Fragen für heute erreicht. Komm gern morgen wieder.",
+            "de": "Sie haben die Höchstzahl an Fragen für heute erreicht. Kommen Sie gern morgen "
+            "wieder.",
             "fr": "Vous avez atteint le nombre maximal de questions pour aujourd'hui. Revenez "
             "demain.",
-            "es": "Has alcanzado el límite de preguntas de hoy. Vuelve mañana.",
-            "it": "Hai raggiunto il limite di domande per oggi. Torna domani.",
+            "es": "Ha alcanzado el límite de preguntas de hoy. Vuelva mañana, por favor.",
+            "it": "Ha raggiunto il limite di domande per oggi. Torni domani, per favore.",
         },
         "quota_agent_month": {
             "en": "Sorry, I can't answer any more questions this month.",
