@@ -113,15 +113,28 @@ def test_the_start_order(services: dict[str, dict[str, Any]]) -> None:
         ready = sorted(sorter.get_ready())
         waves.append(ready)
         sorter.done(*ready)
-    assert waves == [["postgres", "redis"], ["migrate"], ["gateway", "worker"]]
+    assert waves == [["postgres", "redis"], ["migrate"], ["gateway", "worker"], ["proxy"]]
 
 
 def test_health_checks(services: dict[str, dict[str, Any]]) -> None:
     assert services["postgres"]["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     probe = " ".join(services["gateway"]["healthcheck"]["test"])
-    port = services["gateway"]["ports"][0].split(":")[-1]
+    (port,) = services["gateway"]["expose"]
     assert f"http://127.0.0.1:{port}/readyz" in probe
+    # Gateways publish no port (so `--scale gateway=N` can start several): the proxy does,
+    # and passes every request to one of them, streams unbuffered.
+    assert "ports" not in services["gateway"]
+    assert services["proxy"]["ports"] == [f"{port}:8080"]
+    assert services["proxy"]["depends_on"] == {"gateway": {"condition": "service_healthy"}}
+    mounted, target = services["proxy"]["volumes"][0].split(":")[:2]
+    assert target == "/etc/nginx/nginx.conf"
+    proxy = (DOCKER / mounted).read_text(encoding="utf-8")
+    assert f"set $gateways gateway:{port};" in proxy
+    assert "resolver 127.0.0.11" in proxy  # Docker's DNS, asked again as gateways come and go
+    assert "proxy_buffering off;" in proxy
+    assert services["gateway"]["command"] == ["parley", "serve", "--no-workers"]
+    assert services["worker"]["command"] == ["parley", "worker"]
     # The image's own check probes the gateway's port, which the others do not open.
     dockerfile = (DOCKER / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r"^HEALTHCHECK .*\n.*127\.0\.0\.1:8080/healthz", dockerfile, re.M)
