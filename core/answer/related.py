@@ -4,10 +4,12 @@ sources, for the visitor to read on (the ``related`` event, between ``sources`` 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from core.errors import Unavailable
 from core.retrieval.boosts import same_page
@@ -25,6 +27,15 @@ WIDER = 2
 # knowledge-query contract. Messaging channels send one reply and list its sources: the
 # search would be work nobody reads.
 SHOWN_ON = frozenset({"web", "playground", "api"})
+
+
+# A site's front page, or a language's ("/", "/nl/", "/de/index.html"): the visitor is on
+# the site already, so it is nothing to read on.
+_FRONT_PAGE = re.compile(r"/?([a-z]{2}([-_][a-z]{2})?/?)?(index\.html?)?", re.IGNORECASE)
+
+
+def is_front_page(url: str) -> bool:
+    return _FRONT_PAGE.fullmatch(urlsplit(url).path) is not None
 
 
 async def offer_related(
@@ -56,7 +67,9 @@ async def offer_related(
     pages = [
         {"title": hit.title, "url": hit.url}
         for hit in result.pages()
-        if hit.url not in taken and not same_page(hit.url, query.page_url)
+        if hit.url not in taken
+        and not same_page(hit.url, query.page_url)
+        and not is_front_page(hit.url)
     ][:MAX_RELATED]
     if pages:
         await output.emit(TurnEvent("related", {"related": pages}))
