@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from channels.inbound import find_agent, read_body
-from core.answer.pipeline import AnswerPipeline
+from core.answer.pipeline import AnswerPipeline, TurnOutcome
 from core.errors import Forbidden, InvalidInput, NotFound, Unauthorized, Unavailable
 from core.store.agents import Agent, Agents
 from core.store.api_keys import ApiKeys
@@ -62,26 +63,36 @@ class ApiChannel:
             raise NotFound(f"no conversation {key!r} for this agent")
         return web.Response(status=204)
 
+    async def answer(
+        self, agent: Agent, session: str | None, text: str, **fields: Any
+    ) -> tuple[str, TurnOutcome, CollectingTurnOutput]:
+        """One JSON API turn answered in full, in conversation ``session`` (a new one when
+        None), with more `TurnRequest` ``fields``: the session, the outcome and every event.
+        `Unavailable` when the answer could not be generated."""
+        session = session or uuid.uuid4().hex
+        output = CollectingTurnOutput()
+        outcome = await self._pipeline.run(
+            TurnRequest(agent=agent.slug, channel="api", conversation_key=session, text=text,
+                        **fields),
+            output,
+        )  # fmt: skip
+        if outcome.error is not None:
+            raise Unavailable(f"the answer could not be generated ({outcome.error})")
+        return session, outcome, output
+
     async def turn(self, request: web.Request) -> web.Response:
         agent = await self.authorized_agent(request)
         body = await read_body(request, TurnBody)
-        session = body.session_id or uuid.uuid4().hex
-        output = CollectingTurnOutput()
-        outcome = await self._pipeline.run(
-            TurnRequest(
-                agent=agent.slug,
-                channel="api",
-                conversation_key=session,
-                text=body.message,
-                page=body.page,
-                language=body.language,
-                include_tags=(body.filters or NO_FILTERS).include,
-                exclude_tags=(body.filters or NO_FILTERS).exclude,
-            ),
-            output,
+        filters = body.filters or NO_FILTERS
+        session, outcome, output = await self.answer(
+            agent,
+            body.session_id,
+            body.message,
+            page=body.page,
+            language=body.language,
+            include_tags=filters.include,
+            exclude_tags=filters.exclude,
         )
-        if outcome.error is not None:
-            raise Unavailable(f"the answer could not be generated ({outcome.error})")
         return web.json_response(
             {
                 "answer": outcome.answer,

@@ -9,7 +9,6 @@ coerced.
 
 from __future__ import annotations
 
-import uuid
 from typing import Literal
 
 from aiohttp import web
@@ -18,15 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from channels.api import SESSION_ID, ApiChannel
 from channels.inbound import read_body
 from core.answer.pipeline import AnswerPipeline
-from core.errors import Unavailable
 from core.retrieval.page_search import search_pages
 from core.tags import TagFilters
 from core.turns import (
     MAX_MESSAGE_CHARS,
     CleanText,
-    CollectingTurnOutput,
     PageContext,
-    TurnRequest,
 )
 
 _LANGUAGE = r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{2,8})?$"
@@ -147,30 +143,22 @@ class KnowledgeApi:
         """The question answered as a JSON API turn would be, from the caller's conversation."""
         agent = await self._api.authorized_agent(request)
         body = await read_body(request, ProcessBody)
-        session = body.session_id or uuid.uuid4().hex
         previous = (
             None
             if body.previous_messages is None
             else tuple((_ROLES[m.role], m.content) for m in body.previous_messages)
         )
-        output = CollectingTurnOutput()
-        outcome = await self._pipeline.run(
-            TurnRequest(
-                agent=agent.slug,
-                channel="api",
-                conversation_key=session,
-                text=body.query,
-                language=body.query_language,
-                page=body.parameters.page,
-                previous_messages=previous,
-                max_results=body.max_results,
-                include_tags=body.filters.include,
-                exclude_tags=body.filters.exclude,
-            ),
-            output,
+        session, outcome, output = await self._api.answer(
+            agent,
+            body.session_id,
+            body.query,
+            language=body.query_language,
+            page=body.parameters.page,
+            previous_messages=previous,
+            max_results=body.max_results,
+            include_tags=body.filters.include,
+            exclude_tags=body.filters.exclude,
         )
-        if outcome.error is not None:
-            raise Unavailable(f"the answer could not be generated ({outcome.error})")
         answered = ProcessOut(
             answer=outcome.answer,
             sources=[SourceOut.model_validate(s.public()) for s in outcome.sources],

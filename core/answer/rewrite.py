@@ -15,9 +15,8 @@ from typing import Literal
 
 from core.answer.prompt import fenced
 from core.answer.question import guess_language, key_words, names_in, wanted_kinds
-from core.errors import Unavailable
+from core.answer.short_reply import short_reply
 from core.ports import Cache, ChatMessage, ChatModel
-from core.slots import network_wait
 
 log = logging.getLogger(__name__)
 
@@ -168,29 +167,21 @@ class QueryRewriter:
             transcript = f"{fenced('summary', summary)}\n{transcript}"
         if page_subject:
             transcript = f"{fenced('page', page_subject)}\n{transcript}"
-        try:
-            async with network_wait():  # the model's wait costs the turn no work slot
-                text = await self._chat.complete(
-                    [
-                        ChatMessage("system", REWRITE_INSTRUCTIONS),
-                        ChatMessage(
-                            "user", f"Conversation:\n{transcript}\n\nLast message: {question}"
-                        ),
-                    ],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0.0,
-                    model=self._model,
-                    timeout=self._timeout,
-                )
-        except Unavailable as exc:
-            reason = "timeout" if "timeout" in exc.message.lower() else "error"
-            log.info("rewrite.fallback reason=%s", reason)
+        reply = await short_reply(
+            self._chat,
+            [
+                ChatMessage("system", REWRITE_INSTRUCTIONS),
+                ChatMessage("user", f"Conversation:\n{transcript}\n\nLast message: {question}"),
+            ],
+            model=self._model,
+            timeout=self._timeout,
+            max_tokens=MAX_TOKENS,
+            what="rewrite",
+        )
+        if reply.failure is not None:
             fallback = heuristic_rewrite(question, history, page_subject)
-            return Rewrite(fallback, "heuristic", _ms(started), reason)
-        query = " ".join(text.strip().strip('"').split())
-        if not query:
-            fallback = heuristic_rewrite(question, history, page_subject)
-            return Rewrite(fallback, "heuristic", _ms(started), "empty")
+            return Rewrite(fallback, "heuristic", _ms(started), reply.failure)
+        query = reply.text
         await self._cache.set(key, query, ttl=CACHE_TTL)
         return Rewrite(query, "llm", _ms(started))
 

@@ -16,12 +16,11 @@ from typing import Any, Literal
 
 from core.answer.phrases import language_name
 from core.answer.prompt import fenced
-from core.errors import Unavailable
+from core.answer.short_reply import short_reply
 from core.locale import language_of
 from core.ports import Cache, ChatMessage, ChatModel
 from core.retrieval.retriever import RetrievalQuery, Retriever
 from core.settings import Settings
-from core.slots import network_wait
 
 log = logging.getLogger(__name__)
 
@@ -116,25 +115,21 @@ class QueryTranslator:
         if cached:
             return Translation(cached, source, target, "cached", _ms(started))
         language = language_name(target, "en")
-        try:
-            async with network_wait():  # the model's wait costs the turn no work slot
-                reply = await self._chat.complete(
-                    [
-                        ChatMessage("system", INSTRUCTIONS.format(language=language)),
-                        ChatMessage("user", fenced("query", text)),
-                    ],
-                    max_tokens=MAX_TOKENS,
-                    temperature=0.0,
-                    model=self._model,
-                    timeout=self._timeout,
-                )
-        except Unavailable as exc:
-            reason = "timeout" if "timeout" in exc.message.lower() else "error"
-            log.info("translate.fallback reason=%s", reason)
-            return Translation(text, source, target, "failed", _ms(started), reason)
-        translated = " ".join(_FENCE.sub(" ", reply).strip().strip('"').split())
-        if not translated:
-            return Translation(text, source, target, "failed", _ms(started), "empty")
+        reply = await short_reply(
+            self._chat,
+            [
+                ChatMessage("system", INSTRUCTIONS.format(language=language)),
+                ChatMessage("user", fenced("query", text)),
+            ],
+            model=self._model,
+            timeout=self._timeout,
+            max_tokens=MAX_TOKENS,
+            what="translate",
+            tidy=lambda reply: _FENCE.sub(" ", reply),
+        )
+        if reply.failure is not None:
+            return Translation(text, source, target, "failed", _ms(started), reply.failure)
+        translated = reply.text
         await self._cache.set(key, translated, ttl=CACHE_TTL)
         return Translation(translated, source, target, "llm", _ms(started))
 
