@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: demo test install install-dev system-packages lint typecheck eval clean
+.PHONY: demo test install install-dev system-packages lint typecheck eval bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,5 +64,12 @@ eval: $(DEV)
 	$(BIN)/python -m bench.eval_retrieval
 	$(BIN)/python -m bench.eval_answers
 
+## bench: every benchmark three times beside its floor or baseline, then once under py-spy;
+## the medians, ratios and profiles go to docs/PERFORMANCE.md (about an hour on two cores;
+## BENCH_ARGS="--only memory --runs 5" for part of it)
+BENCH_ARGS ?=
+bench: $(DEV)
+	$(BIN)/python -m bench.all $(BENCH_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .bench

