@@ -97,10 +97,28 @@ BENCHES = (
         ("-m", "bench.throughput", "--rate", "5", "--seconds", "3"),
     ),
     Bench(
+        "workers",
+        "Answers per second of one `parley worker` process against two",
+        ("-m", "bench.workers"),
+        ("-m", "bench.workers", "--messages", "100"),
+    ),
+    Bench(
         "turn",
         "Widget turns: first SSE event and gateway-added time to first token",
         ("-m", "bench.turn"),
-        ("-m", "bench.turn", "--streams", "1", "5", "--rounds", "2"),
+        ("-m", "bench.turn", "--streams", "1", "5", "--rounds", "2", "--chunks", "2000"),
+    ),
+    Bench(
+        "extractive",
+        "Extractive answers (no model) per second",
+        ("-m", "bench.extractive"),
+        ("-m", "bench.extractive", "--seconds", "2", "--rounds", "1"),
+    ),
+    Bench(
+        "ingest",
+        "Ingestion against the embedder's own rate, and an unchanged re-ingest",
+        ("-m", "bench.ingest"),
+        ("-m", "bench.ingest", "--copies", "1"),
     ),
     Bench(
         "retrieval",

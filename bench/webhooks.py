@@ -9,8 +9,11 @@ this process. By default there is no model (the embedded default): the workers q
 sentences, which costs CPU for every answer on the same cores as the intake. With
 `--answers llm` the answers come from a fake OpenAI-compatible model served by this process
 (200 ms to the first token, 50 tokens/s), whose streams then load the load generator too.
-`--layout split` answers in a `parley worker` process next to `parley serve --no-workers`;
-`--layout http-only` runs `parley serve --no-workers` alone (the acknowledgement path only).
+`--layout split` answers in `--workers` `parley worker` processes (1) next to
+`parley serve --no-workers`; `--layout http-only` runs `parley serve --no-workers` alone (the
+acknowledgement path only). `--profile DIR` records `parley serve` (and the workers) with
+py-spy during each fixed rate and prints where its CPU went. `bench/workers.py` measures what
+a second worker process adds.
 
 Signed Twilio webhooks and Telegram updates, each one unique, are fired at fixed rates
 whatever the answers do (open loop), so latency is counted from the moment a request was due,
@@ -40,16 +43,19 @@ import textwrap
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
+import psutil
 from aiohttp import web
 from twilio.request_validator import RequestValidator
 
+from bench.all import profile_summary
+from bench.figures import record
 from bench.turn import start_fake_llm
 from core.store.embedded import EmbeddedPostgres
 from gateway.app import POOL_SIZE
@@ -211,6 +217,12 @@ class Result:
     timeouts: int = 0
     failures: int = 0  # connection errors
     elapsed: float = 0.0  # s from the first due time to the last answer
+    cpu: float = 0.0  # CPU seconds the target's processes used during the phase
+
+    @property
+    def cpu_per_request(self) -> float:
+        """CPU ms per acknowledged request: less noisy than latency on a shared machine."""
+        return 1000 * self.cpu / self.acked if self.acked else float("nan")
 
     @property
     def errors(self) -> int:
@@ -236,7 +248,15 @@ def _percentile(values: list[float], percentile: float) -> float:
 class Target:
     """One server under test, driven through one session with a bounded connection pool."""
 
-    def __init__(self, name: str, base: str, connections: int, timeout: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        base: str,
+        connections: int,
+        timeout: float,
+        pids: list[int],
+        profiler: Profiler | None = None,
+    ) -> None:
         self.name = name
         self.base = base
         self._connector = aiohttp.TCPConnector(limit=connections)
@@ -244,6 +264,17 @@ class Target:
             connector=self._connector, timeout=aiohttp.ClientTimeout(total=timeout)
         )
         self.acked = Counter[str]()  # every 200 received, warm-up included, per channel
+        self._processes = [psutil.Process(pid) for pid in pids]
+        self.profiler = profiler
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by the target's processes (user and system)."""
+        used = 0.0
+        for process in self._processes:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                used += times.user + times.system
+        return used
 
     async def close(self) -> None:
         await self._session.close()
@@ -284,6 +315,7 @@ class Target:
         start = loop.time() + 0.05
         # A full collection walks every object the imports made and stalls the sender.
         gc.disable()
+        cpu = self.cpu_seconds()
         try:
             for number in range(total):
                 request = requests.make(channel)  # built and signed before it is due
@@ -297,7 +329,40 @@ class Target:
             await asyncio.gather(*tasks)
         finally:
             gc.enable()
+        result.cpu = self.cpu_seconds() - cpu
         return result
+
+
+class Profiler:
+    """py-spy on given processes while a phase runs: one raw (collapsed stacks) file per phase
+    and process in ``directory``, and where the CPU went, printed after the phase."""
+
+    def __init__(self, directory: Path, pids: dict[str, int]) -> None:
+        self._directory = directory
+        self._pids = pids
+        directory.mkdir(parents=True, exist_ok=True)
+        self._spy = str(Path(sys.executable).with_name("py-spy"))
+
+    @contextlib.asynccontextmanager
+    async def phase(self, name: str) -> AsyncIterator[None]:
+        spies = {}
+        for process, pid in self._pids.items():
+            out = self._directory / f"{name}-{process}.txt"
+            argv = [self._spy, "record", "--pid", str(pid), "--rate", "100", "--nonblocking",
+                    "--format", "raw", "--output", str(out)]  # fmt: skip
+            spies[process] = (out, subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL))  # fmt: skip
+        try:
+            yield
+        finally:
+            for _, spy in spies.values():
+                spy.send_signal(signal.SIGINT)  # py-spy writes what it has, then exits
+            for process, (out, spy) in spies.items():
+                await asyncio.to_thread(spy.wait, 30)
+                if out.exists():
+                    print(f"    profile of {process} ({out}):")
+                    for line in profile_summary(out.read_text()):
+                        print(f"    {line}")
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -486,11 +551,17 @@ async def _measure(
 ) -> tuple[dict[tuple[str, float], Result], dict[str, Ramp]]:
     fixed = {}
     for rate in args.rates:
-        for channel in CHANNELS:
-            result = await target.drive(requests, channel, rate, args.seconds)
+        for channel in args.channels:
+            profiling = (
+                target.profiler.phase(f"{channel}-{rate:g}")
+                if target.profiler is not None
+                else contextlib.nullcontext()
+            )
+            async with profiling:
+                result = await target.drive(requests, channel, rate, args.seconds)
             fixed[channel, rate] = result
             print(f"  {_describe(result)}", flush=True)
-    ramps = {channel: await _ramp(target, requests, channel, args) for channel in CHANNELS}
+    ramps = {channel: await _ramp(target, requests, channel, args) for channel in args.channels}
     return fixed, ramps
 
 
@@ -500,7 +571,8 @@ def _describe(result: Result) -> str:
         f"{result.target:<7} {result.channel:<8} {result.rate:>6.0f}/s x {result.seconds:g} s: "
         f"{result.acked}/{result.sent} acked, {result.achieved:.0f}/s, "
         f"p50 {result.p(50):.1f} ms, p99 {result.p(99):.1f} ms{errors} "
-        f"(client lag p99 {_percentile(result.lags, 99):.1f} ms)"
+        f"(client lag p99 {_percentile(result.lags, 99):.1f} ms, "
+        f"{result.cpu_per_request:.2f} CPU ms/request)"
     )
 
 
@@ -528,27 +600,35 @@ def _report(
 ) -> None:
     print(f"\nFixed rates, {args.seconds:g} s each (latency: due -> 200 received, ms)\n")
     rows = [
-        ("channel", "rate/s", "gateway acked/s", "p50", "p99", "errors",
-         "floor acked/s", "p50", "p99", "errors", "rate ratio", "p99 ratio"),
+        ("channel", "rate/s", "gateway acked/s", "p50", "p99", "errors", "CPU ms/req",
+         "floor acked/s", "p50", "p99", "errors", "CPU ms/req", "rate ratio", "p99 ratio"),
     ]  # fmt: skip
     for rate in args.rates:
-        for channel in CHANNELS:
+        for channel in args.channels:
             g, f = gateway[0][channel, rate], floor[0][channel, rate]
             rows.append((
                 channel, f"{rate:g}",
                 f"{g.achieved:.0f}", f"{g.p(50):.1f}", f"{g.p(99):.1f}", _error_text(g),
+                f"{g.cpu_per_request:.2f}",
                 f"{f.achieved:.0f}", f"{f.p(50):.1f}", f"{f.p(99):.1f}", _error_text(f),
+                f"{f.cpu_per_request:.2f}",
                 f"{g.achieved / f.achieved:.2f}" if f.achieved else "-",
                 f"{g.p(99) / f.p(99):.1f}x" if f.latencies and g.latencies else "-",
             ))  # fmt: skip
+            record(f"{channel} p99 at {rate:g}/s", g.p(99), "ms", floor=f.p(99))
     _print_table(rows)
+    print(
+        "(CPU ms/req: the CPU time of `parley serve` (its in-process workers included) or of "
+        "the floor's process, per acknowledged request; less noisy than latency when other "
+        "work shares the cores)"
+    )
 
     print(
         f"\nRamp, {args.ramp_seconds:g} s a step: highest rate with p99 < {args.p99_limit:g} ms "
         "and no errors (stops at the first step that fails)\n"
     )
     rows = [("channel", "rate/s", "gateway p99", "errors", "floor p99", "errors")]
-    for channel in CHANNELS:
+    for channel in args.channels:
         g_steps, f_steps = gateway[1][channel].results, floor[1][channel].results
         for step, rate in enumerate(args.ramp):
             if step >= len(g_steps) and step >= len(f_steps):
@@ -562,7 +642,7 @@ def _report(
             ))  # fmt: skip
     _print_table(rows)
     print()
-    for channel in CHANNELS:
+    for channel in args.channels:
         g_best = gateway[1][channel].highest(args.p99_limit)
         f_best = floor[1][channel].highest(args.p99_limit)
         top = args.ramp[-1]
@@ -576,6 +656,7 @@ def _report(
             f"highest sustained {channel:<8}  gateway {_sustained(g_best, args.ramp)}, "
             f"floor {_sustained(f_best, args.ramp)}, ratio {ratio}"
         )
+        record(f"{channel} highest sustained rate", g_best, "/s", floor=f_best or None)
 
 
 def _sustained(best: float, steps: list[float]) -> str:
@@ -625,6 +706,13 @@ async def _verify(
     if not ok and timeouts:
         print(f"  ({timeouts} requests timed out: each may have been stored without a 200)")
     print("  inbox rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+    errors = await _count_rows(
+        parley_url,
+        "SELECT left(error, 200), count(*) FROM inbox WHERE error IS NOT NULL GROUP BY 1 "
+        "ORDER BY 2 DESC LIMIT 5",
+    )
+    for error, count in errors.items():
+        print(f"  {count} rows failed (or are being tried again) with: {error}")
     return ok
 
 
@@ -667,8 +755,12 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     serve = [parley, "serve"]
     if args.layout != "one-process":
         serve.append("--no-workers")
+    workers = []
     if args.layout == "split":
-        processes.start([parley, "worker"], env, tmp, tmp / "worker.log")
+        workers = [
+            processes.start([parley, "worker"], env, tmp, tmp / f"worker-{n + 1}.log")
+            for n in range(args.workers)
+        ]
     gateway_process = processes.start(serve, env, tmp, gateway_log)
     (tmp / "floor.py").write_text(textwrap.dedent(FLOOR_APP))
     floor_argv = [python, str(tmp / "floor.py"), floor_url, str(floor_port), str(POOL_SIZE)]
@@ -679,8 +771,15 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
 
     gc.freeze()  # what is loaded by now lives until the end: no collection needs to walk it
     requests = Requests(public_url=gateway_base)
-    gateway = Target("gateway", gateway_base, args.connections, args.timeout)
-    floor = Target("floor", floor_base, args.connections, args.timeout)
+    profiler = None
+    if args.profile is not None:
+        profiled = {"serve": gateway_process.pid}
+        profiled |= {f"worker-{n + 1}": w.pid for n, w in enumerate(workers)}
+        profiler = Profiler(args.profile, profiled)
+    gateway = Target(
+        "gateway", gateway_base, args.connections, args.timeout, [gateway_process.pid], profiler
+    )
+    floor = Target("floor", floor_base, args.connections, args.timeout, [floor_process.pid])
     release.extend([gateway, floor])
     # The floor first, while the gateway is idle: its workers answer the backlog afterwards.
     print("floor: one asyncpg INSERT per request", flush=True)
@@ -689,7 +788,7 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     answering = "a fake model" if args.answers == "llm" else "extractively, no model"
     where = {
         "one-process": f"workers answering in-process ({answering})",
-        "split": f"workers answering in a `parley worker` process ({answering})",
+        "split": f"workers answering in {args.workers} `parley worker` process(es) ({answering})",
         "http-only": "--no-workers, nothing answering (the acknowledgement path alone)",
     }[args.layout]
     print(f"gateway: parley serve, {where}", flush=True)
@@ -830,6 +929,26 @@ def _parser() -> argparse.ArgumentParser:
         "to a `parley worker` process, or `parley serve --no-workers` alone",
     )
     parser.add_argument(
+        "--channels",
+        nargs="+",
+        choices=CHANNELS,
+        default=list(CHANNELS),
+        help="channels measured at each rate, in this order (default: twilio telegram)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="`parley worker` processes of --layout split (default: 1)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="record `parley serve` (and the workers) with py-spy during each fixed rate; "
+        "raw stacks in DIR, where the CPU went printed after each rate",
+    )
+    parser.add_argument(
         "--connections", type=int, default=64, help="client connections per target (default: 64)"
     )
     parser.add_argument(
@@ -844,6 +963,10 @@ def _parser() -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> Iterator[str]:
     if args.connections < 1 or args.connections > 1000:
         yield "--connections must be 1-1000"
+    if not 1 <= args.workers <= 8:
+        yield "--workers must be 1-8"
+    if args.workers != 1 and args.layout != "split":
+        yield "--workers goes with --layout split"
     if max(args.rates + args.ramp) > 5000:
         yield "rates above 5000/s are more than one client process can offer"
     if max(args.seconds, args.ramp_seconds) > 120:

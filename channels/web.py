@@ -85,6 +85,20 @@ class SseTurnOutput:
         await self._response.write(sse(event))
 
 
+class _AfterFirst:
+    """A turn's output once its first event went out with the response's headers: the
+    pipeline's own first event, the same, is not sent twice."""
+
+    def __init__(self, output: TurnOutput, first: TurnEvent) -> None:
+        self._output = output
+        self._first: TurnEvent | None = first
+
+    async def emit(self, event: TurnEvent) -> None:
+        first, self._first = self._first, None
+        if event != first:
+            await self._output.emit(event)
+
+
 def _origin(url: str | None) -> str | None:
     if not url:
         return None
@@ -188,11 +202,17 @@ class WebChannel:
         passes an ``output`` of its own to add events)."""
         response = web.StreamResponse(headers=_SSE_HEADERS | dict(headers or {}))
         await response.prepare(request)
+        sent = output(response)
+        first = TurnEvent.status("searching")
         # The turn runs in a task of its own: should the server cancel this handler when the
         # visitor goes away, the turn still stops its LLM stream and saves what was said.
-        task = asyncio.create_task(self._pipeline.run(turn, output(response)))
+        task = asyncio.create_task(self._pipeline.run(turn, _AfterFirst(sent, first)))
         self._turns.add(task)
         task.add_done_callback(self._turns.discard)
+        # The visitor sees at once that the question arrived: the turn's first event goes
+        # out now, with the headers, not once its task gets a moment on a busy event loop.
+        with contextlib.suppress(ConnectionResetError):  # gone already: the turn finds out
+            await sent.emit(first)
         await asyncio.shield(task)
         # The visitor may have left before the end; the turn is saved regardless.
         with contextlib.suppress(ConnectionResetError):

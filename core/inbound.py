@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 MediaKind = Literal["audio", "image", "video", "document", "sticker", "other"]
@@ -92,8 +92,18 @@ class InboundMessage:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["media"] = [asdict(item) for item in self.media]
+        # Field by field rather than `asdict`, which deep-copies: this runs for every webhook.
+        data = {name: getattr(self, name) for name in _MESSAGE_FIELDS}
+        data["media"] = [
+            {"kind": item.kind, "ref": item.ref, "mime_type": item.mime_type} for item in self.media
+        ]
+        feedback = self.feedback
+        if feedback is not None:
+            data["feedback"] = {
+                "turn_id": feedback.turn_id,
+                "rating": feedback.rating,
+                "receipt": feedback.receipt,
+            }
         data["extra"] = dict(self.extra)
         return data
 
@@ -124,3 +134,6 @@ class InboundMessage:
     @property
     def voice(self) -> MediaItem | None:
         return next((m for m in self.media if m.kind == "audio"), None)
+
+
+_MESSAGE_FIELDS = tuple(f.name for f in fields(InboundMessage))

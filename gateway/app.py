@@ -17,6 +17,7 @@ from channels.web import WebChannel
 from channels.web_events import WidgetEvents
 from core.answer.question import load_language_models
 from core.handoff import ConversationFeed, Handoff
+from core.jobs.turn_time import longest_turn
 from core.settings import Settings
 from core.store.api_keys import ApiKeys
 from core.store.feedback import Feedback
@@ -39,14 +40,21 @@ from gateway.keys import (
     KNOWLEDGE_API,
     METRICS,
     RUNTIME,
+    SERVICE_TASKS,
     SETTINGS,
     WEB_CHANNEL,
     WIDGET_EVENTS,
 )
 from gateway.metrics import HttpMetrics
-from gateway.middlewares import body_deadline, errors, metrics, request_context
+from gateway.middlewares import (
+    body_deadline,
+    errors,
+    metrics,
+    request_context,
+    webhooks_first,
+)
 from gateway.runtime import open_answering, open_runtime
-from gateway.worker import start_services, stop_services
+from gateway.worker import begin_stopping, start_services, stop_services
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,14 @@ MAX_BODY_BYTES = 1024 * 1024
 TURN_DRAIN_SECONDS = 10.0
 # Connections for the gateway: a turn may hold two at once (vector and full-text search).
 POOL_SIZE = 20
+
+
+def shutdown_grace(settings: Settings) -> float:
+    """Seconds the requests in flight get to finish after SIGTERM: a widget stream or an API
+    turn runs its whole turn inside its request, so as long as the slowest turn these settings
+    allow (`core.jobs.turn_time`; no voice notes come over HTTP). In-process workers stop
+    meanwhile (`gateway.worker.stop_grace`)."""
+    return longest_turn(settings, voice=False)
 
 
 async def _runtime(app: web.Application) -> AsyncIterator[None]:
@@ -120,9 +136,14 @@ async def _channels(app: web.Application) -> AsyncIterator[None]:
 
 async def _services(app: web.Application) -> AsyncIterator[None]:
     """The messaging workers, in-process, on the gateway's own pipeline, pool and caches."""
-    tasks = start_services(app[ANSWERING])
+    tasks = app[SERVICE_TASKS] = start_services(app[ANSWERING])
     yield
     await stop_services(tasks)
+
+
+async def _stop_claiming(app: web.Application) -> None:
+    # While the last requests finish, the workers claim no more and finish their own turns.
+    begin_stopping(app.get(SERVICE_TASKS, []))
 
 
 async def _announce(app: web.Application) -> AsyncIterator[None]:
@@ -131,7 +152,12 @@ async def _announce(app: web.Application) -> AsyncIterator[None]:
     # frozen, the collector's full passes skip it instead of pausing requests to walk it.
     gc.collect()
     gc.freeze()
-    log.info("gateway.started host=%s port=%d", settings.host, settings.port)
+    log.info(
+        "gateway.started host=%s port=%d grace=%.0f",
+        settings.host,
+        settings.port,
+        shutdown_grace(settings),  # what a stop needs so that no request is cut short
+    )
     yield
     log.info("gateway.stopping")
 
@@ -144,8 +170,11 @@ def create_app(
     With ``demo``, the sample shop's pages are served at / with the widget on every page;
     with ``background``, the messaging workers run in this process too (`parley serve`).
     """
+    middlewares = [body_deadline(settings.body_read_seconds), request_context, metrics, errors]
+    if background:
+        middlewares.insert(0, webhooks_first)  # outermost: a webhook's whole time counts
     app = web.Application(
-        middlewares=[body_deadline(settings.body_read_seconds), request_context, metrics, errors],
+        middlewares=middlewares,
         client_max_size=MAX_BODY_BYTES,
         # Also bounds how long a request's headers may take (README: "Behind a proxy").
         handler_args={"keepalive_timeout": settings.keepalive_seconds},
@@ -159,6 +188,7 @@ def create_app(
     setup_admin(app)
     if background:
         app.cleanup_ctx.append(_services)
+        app.on_shutdown.append(_stop_claiming)
     app.cleanup_ctx.append(_announce)
     app.add_routes(health.routes)
     app.add_routes(routes.channel_routes())

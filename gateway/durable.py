@@ -6,8 +6,12 @@ from __future__ import annotations
 from channels.registry import BY_NAME
 from core.jobs.inbox_worker import InboxWorker
 from core.jobs.outbox_sender import OutboxSender
+from core.jobs.turn_time import longest_turn
 from core.store.inbox import Backoff
 from gateway.runtime import Answering
+
+# A stopping outbox sender lets its sends in flight end: each gives up within its lease.
+SEND_GRACE = 60.0
 
 
 async def run_inbox_worker(answering: Answering) -> None:
@@ -29,6 +33,9 @@ async def run_inbox_worker(answering: Answering) -> None:
         backoff=Backoff(limit=settings.inbox_retry_hours * 3600),
         holding_after=settings.holding_message_seconds,
         queued=runtime.outbox_queued.set,
+        defer=runtime.intake.behind,
+        # Told to stop, it lets the turns it has begun finish, however slow the model.
+        grace=longest_turn(settings),
     ).run()
 
 
@@ -39,4 +46,6 @@ async def run_outbox_sender(answering: Answering) -> None:
     ``no_sender``.
     """
     runtime = answering.runtime
-    await OutboxSender(runtime.database.pool, answering.senders, wake=runtime.outbox_queued).run()
+    await OutboxSender(
+        runtime.database.pool, answering.senders, wake=runtime.outbox_queued, grace=SEND_GRACE
+    ).run()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import jinja2
 from aiohttp import web
@@ -37,4 +39,6 @@ CONVERSATION_FEED = web.AppKey("conversation_feed", ConversationFeed)
 HANDOFF = web.AppKey("handoff", Handoff)
 WIDGET_EVENTS = web.AppKey("widget_events", WidgetEvents)
 ADMIN = web.AppKey("admin", AdminServices)
+# The background services `parley serve` runs in-process (none with --no-workers).
+SERVICE_TASKS: web.AppKey[list[asyncio.Task[None]]] = web.AppKey("service_tasks")
 CONSOLE_TEMPLATES = web.AppKey("console_templates", jinja2.Environment)

@@ -25,7 +25,7 @@ from core.errors import (
     Unauthorized,
     Unavailable,
 )
-from gateway.keys import METRICS
+from gateway.keys import METRICS, RUNTIME
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,16 @@ def body_deadline(seconds: float) -> Middleware:
 def _expire(body: StreamReader, seconds: float) -> None:
     if not body.is_eof():
         body.set_exception(BodyTimedOut(f"the request body did not arrive within {seconds:g} s"))
+
+
+@web.middleware
+async def webhooks_first(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Counts the webhooks in flight, which the workers of this process give way to
+    (`gateway.intake`)."""
+    if not request.path.startswith("/webhooks/"):
+        return await handler(request)
+    with request.app[RUNTIME].intake.arrived():
+        return await handler(request)
 
 
 @web.middleware

@@ -28,6 +28,7 @@ from core.settings import Settings
 from core.store import Database, open_database
 from core.store.agents import Agents
 from core.store.vector_index import EmbedderIdentity, check_embedders
+from gateway.intake import IntakeGauge
 from gateway.senders import AgentSenders
 from gateway.voice import VoiceNotes, open_voice_notes
 
@@ -52,6 +53,8 @@ class Runtime:
     model_limits: ModelLimits = field(default_factory=ModelLimits)
     # Set when this process queues a reply: its outbox sender sends it without waiting to poll.
     outbox_queued: asyncio.Event = field(default_factory=asyncio.Event)
+    # The webhooks this process is acknowledging: its workers start no turn while one waits.
+    intake: IntakeGauge = field(default_factory=IntakeGauge)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def postgres_url() -> Iterator[str]:
 
     Its data lives outside pytest's temporary folders: every pytest run starting on the
     machine makes ``/tmp/pytest-of-<user>`` private again (mode 0700), and a server running
-    as another user (pgserver's ``pgserver`` when the tests run as root) then cannot reach
+    as another user (``embedded_postgres`` when the tests run as root) then cannot reach
     its data directory below it and stops at its next checkpoint, failing every later test
     with "connection refused" (tests/integration/test_suite_services.py)."""
     with (

@@ -23,11 +23,11 @@ How an answer is chosen, in order:
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import re
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -44,7 +44,19 @@ from core.answer.question import (
     wanted_kinds,
     words,
 )
+from core.knowledge.pieces import LABELLED, Sentence, digest, piece_text, split_sentences
 from core.ports import Embedder
+from core.store.piece_vectors import PieceVectors
+
+__all__ = [
+    "Evidence",
+    "ExtractiveAnswer",
+    "Passage",
+    "Sentence",
+    "extractive_answer",
+    "split_sentences",
+    "subject_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +93,7 @@ class Passage:
     text: str
     language: str | None = None
     current: bool = False  # the page the visitor is on
-
-
-@dataclass(frozen=True, slots=True)
-class Sentence:
-    """A quotable piece of a source."""
-
-    source: int  # 0-based index into the sources
-    text: str
-    heading: str = ""
-    block: int = -1  # the list or table it belongs to (-1: a paragraph sentence)
-    header: tuple[str, ...] = ()  # a table row's column names
-    paragraph: int = -1  # the paragraph a sentence belongs to, counted per source
-    cells: tuple[str, ...] = ()  # a table row's cells
+    page_id: int | None = None  # the indexed page it comes from: its pieces' vectors are stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +119,6 @@ class Evidence:
     faq: bool = False  # the quote answers an FAQ entry like the question
     unknown: float = 0.0  # share of the visitor's own key words found in no source at all
 
-
-_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(?P<text>.+)$")
-_LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+(?P<item>.+)$")
-_TABLE_ROW = re.compile(r"^\s*\|(?P<cells>.*)\|\s*$")
-_TABLE_RULE = re.compile(r"^[\s|:\-]+$")
-_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+(?=[\"'(\[«„]?[A-ZÀ-ÖØ-Þ0-9])")
-_ABBREVIATION = re.compile(
-    r"(?:\b(?:e\.g|i\.e|etc|approx|incl|excl|vs|no|nr|ca|max|min|tel|bijv|bv|o\.a|d\.w\.z|"
-    r"m\.b\.t|z\.B|u\.a|usw|bzw|ggf|evtl|inkl|p\.ex|env|cf|dr|mr|mrs|ms|st)|\b[A-Z])\.$",
-    re.IGNORECASE,
-)
-_LABELLED = re.compile(r"^[^:\d]{2,40}:\s+\S")  # "Price: €169.95", a fact with its label
-_MIN_WORDS = 3
 
 # Kinds of fact, as they look in a sentence.
 _FACTS: dict[str, re.Pattern[str]] = {
@@ -222,139 +209,6 @@ _NEGATION = re.compile(
 )
 
 
-def _split_paragraph(paragraph: str) -> Iterator[str]:
-    pending = ""
-    for piece in _SENTENCE_END.split(paragraph):
-        pending = f"{pending} {piece}" if pending else piece
-        if not _ABBREVIATION.search(pending):
-            yield pending
-            pending = ""
-    if pending:
-        yield pending
-
-
-def _table_sentence(cells: Sequence[str], header: Sequence[str] | None) -> str:
-    """A table row as a sentence: "Country: Belgium; Delivery: 2-3 days" when headed."""
-    if header and len(header) == len(cells):
-        return "; ".join(f"{h}: {c}" if h else c for h, c in zip(header, cells, strict=True) if c)
-    return ", ".join(c for c in cells if c)
-
-
-@dataclass
-class _Reader:
-    """Walks one source's lines, keeping track of the heading and the current block."""
-
-    source: int
-    next_block: int
-    heading: str = ""
-    block: int = -1
-    header: list[str] | None = None
-    paragraph: list[str] = field(default_factory=list)
-    paragraphs: int = 0
-
-    def flush(self) -> Iterator[Sentence]:
-        if self.paragraph:
-            self.paragraphs += 1
-            for text in _split_paragraph(" ".join(self.paragraph)):
-                yield Sentence(self.source, text, self.heading, paragraph=self.paragraphs)
-            self.paragraph.clear()
-
-    def open_block(self) -> int:
-        if self.block < 0:
-            self.block = self.next_block
-            self.next_block += 1
-        return self.block
-
-    def close_block(self) -> None:
-        self.block, self.header = -1, None
-
-    def read(self, text: str) -> Iterator[Sentence]:
-        for line in text.splitlines():
-            row = _TABLE_ROW.match(line)
-            item = _LIST_ITEM.match(line) if row is None else None
-            heading = _HEADING.match(line)
-            if row is None and item is None:
-                yield from self.flush()
-                if line.strip():
-                    self.close_block()
-            if heading is not None:
-                self.heading = heading["text"].strip()
-            elif row is not None:
-                yield from self.flush()
-                if _TABLE_RULE.match(line):
-                    continue
-                cells = [cell.strip() for cell in row["cells"].split("|")]
-                if self.header is None:
-                    self.open_block()
-                    self.header = cells  # the first row names the columns
-                    continue
-                yield Sentence(
-                    self.source,
-                    _table_sentence(cells, self.header),
-                    self.heading,
-                    self.block,
-                    tuple(self.header),
-                    cells=tuple(cells),
-                )
-            elif item is not None:
-                yield from self.flush()
-                if self.header is not None:
-                    self.close_block()
-                yield Sentence(self.source, item["item"].strip(), self.heading, self.open_block())
-            elif line.strip():
-                self.paragraph.append(line.strip())
-        yield from self.flush()
-
-
-def _quotable(text: str) -> bool:
-    return len(text.split()) >= _MIN_WORDS or bool(_LABELLED.match(text))
-
-
-def split_sentences(sources: Sequence[str]) -> list[Sentence]:
-    """The pieces worth quoting, in source order, each once."""
-    seen: set[str] = set()
-    sentences = []
-    blocks = 0
-    for index, text in enumerate(sources):
-        reader = _Reader(index, blocks)
-        for sentence in reader.read(text):
-            key = " ".join(sentence.text.casefold().split())
-            short = sentence.paragraph >= 0 and len(sentence.text.split()) <= 5
-            if not (sentence.block >= 0 or short or _quotable(sentence.text)) or key in seen:
-                continue
-            seen.add(key)
-            sentences.append(sentence)
-        blocks = reader.next_block
-    return [s for s in _lines_joined(sentences) if s.block >= 0 or _quotable(s.text)]
-
-
-def _lines_joined(sentences: list[Sentence]) -> list[Sentence]:
-    """Runs of short one-line paragraphs under one heading (an address: "Westblaak 142",
-    "3012 KM Rotterdam") become one piece, so a quote holds all of them."""
-    out: list[Sentence] = []
-    for sentence in sentences:
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and _short_line(sentence)
-            and _short_line(last, joined=True)
-            and last.source == sentence.source
-            and last.heading == sentence.heading
-            and sentence.paragraph == last.paragraph + 1
-        ):
-            out[-1] = replace(
-                last, text=f"{last.text}, {sentence.text}", paragraph=sentence.paragraph
-            )
-        else:
-            out.append(sentence)
-    return out
-
-
-def _short_line(sentence: Sentence, *, joined: bool = False) -> bool:
-    limit = 24 if joined else 5
-    return sentence.block < 0 and sentence.paragraph >= 0 and len(sentence.text.split()) <= limit
-
-
 def subject_of(title: str) -> str:
     """What a page is about, from its title: "Fjellsti Mid WP – Hiking boot | Shop" ->
     "Fjellsti Mid WP" (the site's name and the tagline go)."""
@@ -390,7 +244,7 @@ def _compose(picked: Sequence[Sentence], subject: str) -> list[str]:
         if (
             subject
             and not first.header
-            and _LABELLED.match(text)
+            and LABELLED.match(text)
             and fold(subject) not in fold(text)
         ):
             text = f"{subject} – {text}"  # "Price: €169.95" alone does not say of what
@@ -464,16 +318,48 @@ def _sort_of(term: str) -> str | None:
     return "number" if numeral(term) is not None else None
 
 
+# What a text's words are, worked out once per text: the same pages are read turn after turn.
+
+
 @functools.lru_cache(maxsize=50_000)
-def _word_forms(text: str, language: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """A text's words folded, stemmed and cut to their first five letters: the same pages are
-    read turn after turn."""
-    folded = [fold(w) for w in words(text)]
-    return (
-        frozenset(folded),
-        frozenset(stem(w, language) for w in folded),
-        frozenset(w[:5] for w in folded),
+def _folded(text: str) -> frozenset[str]:
+    """A text's words, folded."""
+    return frozenset(fold(w) for w in words(text))
+
+
+@dataclass(frozen=True, slots=True)
+class _Forms:
+    plain: frozenset[str]  # folded
+    stems: frozenset[str]
+    prefixes: frozenset[str]  # the first five letters
+    ordered: tuple[str, ...]  # plain, sorted: the words that begin with a term, by bisection
+    numerals: frozenset[str]  # the numbers written ("3", "drie": "3")
+
+    def begins(self, term: str) -> bool:
+        """Whether a word begins with ``term``."""
+        at = bisect.bisect_left(self.ordered, term)
+        return at < len(self.ordered) and self.ordered[at].startswith(term)
+
+
+@functools.lru_cache(maxsize=50_000)
+def _word_forms(text: str, language: str) -> _Forms:
+    plain = _folded(text)
+    return _Forms(
+        plain,
+        frozenset(stem(w, language) for w in plain),
+        frozenset(w[:5] for w in plain),
+        tuple(sorted(plain)),
+        frozenset(n for w in plain if (n := numeral(w)) is not None),
     )
+
+
+@functools.lru_cache(maxsize=50_000)
+def _fact_kinds(text: str) -> frozenset[str]:
+    """The kinds of fact a text holds by its shape ("€249.00": price)."""
+    return frozenset(kind for kind, pattern in _FACTS.items() if pattern.search(text))
+
+
+_named_kinds = functools.lru_cache(maxsize=10_000)(wanted_kinds)
 
 
 class _Matcher:
@@ -489,29 +375,40 @@ class _Matcher:
             t for t in question.terms if t in self.focus or _sort_of(t) not in replacing
         )
         self.stems = {t: stem(t, self.language) for t in self.terms}
+        self.numerals = {t: numeral(t) for t in self.terms}
+        self.numbers = {t: _number(t) for t in self.terms}
         self.name_words = {fold(w) for name in question.names for w in words(name)}
+        # a heading is asked about for each of its pieces
+        self._found: dict[tuple[str, ...], dict[str, float]] = {}
 
-    def _forms(self, text: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-        return _word_forms(text, self.language)
-
-    def found(self, text: str) -> dict[str, float]:
+    def found(self, *parts: str) -> dict[str, float]:
         """Key word -> 1.0 for the same stem, 0.7 for a number inside a range ("44" in
-        "43–46"), 0.6 for a shared beginning."""
-        plain, stems, prefixes = self._forms(text)
+        "43–46"), 0.6 for a shared beginning; in the text the parts make joined by spaces
+        (the words of each part are known from earlier turns, their joining is new)."""
+        known = self._found.get(parts)
+        if known is None:
+            known = self._found[parts] = self._find(parts)
+        return dict(known)
+
+    def _find(self, parts: tuple[str, ...]) -> dict[str, float]:
+        forms = [_word_forms(part, self.language) for part in parts]
         ranges: list[tuple[float, float]] | None = None
         out = {}
         for term in self.terms:
-            if term in plain or self.stems[term] in stems:
+            stemmed = self.stems[term]
+            digits = self.numerals[term]
+            if any(term in f.plain or stemmed in f.stems for f in forms):
                 out[term] = 1.0
-            elif (digits := numeral(term)) is not None and any(numeral(w) == digits for w in plain):
+            elif digits is not None and any(digits in f.numerals for f in forms):
                 out[term] = 1.0  # "3 pack" and "a pack of three"
-            elif (len(term) >= 6 and term[:5] in prefixes and _cognate(term, plain)) or (
-                len(term) >= 4 and any(w.startswith(term) for w in plain)
-            ):
+            elif (
+                len(term) >= 6
+                and any(term[:5] in f.prefixes and _cognate(term, f.plain) for f in forms)
+            ) or (len(term) >= 4 and any(f.begins(term) for f in forms)):
                 out[term] = 0.6  # a cognate, or the first part of a compound ("Raten" in
                 # "Ratenzahlung")
-            elif (number := _number(term)) is not None:
-                ranges = _ranges(text) if ranges is None else ranges
+            elif (number := self.numbers[term]) is not None:
+                ranges = _ranges(" ".join(parts)) if ranges is None else ranges
                 if any(low <= number <= high for low, high in ranges):
                     out[term] = 0.7  # inside a range counts less than the number itself
         return out
@@ -587,27 +484,31 @@ def _context(sentence: Sentence) -> str:
 def _wanted(question: Question, text: str, heading: str = "") -> bool:
     """The piece holds the kind of fact asked for: by its own shape ("€249.00", "2-3
     days"), or a number under a heading that names the kind ("Gewicht", "Opening hours")."""
-    if any(kind in _FACTS and _FACTS[kind].search(text) for kind in question.wants):
+    if question.wants & _fact_kinds(text):
         return True
     if question.yes_no and "price" in question.wants and _NO_COST.search(text):
         return True  # "Do you charge extra for PayPal?" - "We never charge a fee"
-    return (
-        bool(heading)
-        and any(c.isdigit() for c in text)
-        and bool(question.wants & wanted_kinds(heading))
-    )
+    return bool(heading) and _has_digit(text) and bool(question.wants & _named_kinds(heading))
 
 
 def _filler(question: Question, sentence: Sentence, matcher: _Matcher) -> bool:
     """Announces content ("Below you can see how long delivery takes") or restates the
     question without a fact of its own."""
-    text = sentence.text.rstrip()
-    if text.endswith(":"):
+    if _announces(sentence.text):
         return True
-    if _FILLER.search(text) and not re.search(r"\d", text):
-        return True
-    own = {fold(w) for w in words(text)}
+    own = _folded(sentence.text)
     return len(own) <= 12 and len(own - set(matcher.terms)) <= 2 and not question.yes_no
+
+
+@functools.lru_cache(maxsize=50_000)
+def _announces(text: str) -> bool:
+    text = text.rstrip()
+    return text.endswith(":") or bool(_FILLER.search(text) and not re.search(r"\d", text))
+
+
+@functools.lru_cache(maxsize=50_000)
+def _has_digit(text: str) -> bool:
+    return any(c.isdigit() for c in text)
 
 
 def _questions_point_at_answers(
@@ -642,47 +543,54 @@ class _Scored:
     wanted: NDArray[np.float32]
 
 
-class _Vectors:
-    """Piece vectors kept between turns: the same pages are quoted again and again, and
-    encoding their pieces is most of an extractive answer's work."""
-
-    def __init__(self, size: int = 50_000) -> None:
-        self._size = size
-        self._vectors: OrderedDict[tuple[str, str], NDArray[np.float32]] = OrderedDict()
-
-    async def embed(self, embedder: Embedder, texts: Sequence[str]) -> NDArray[np.float32]:
-        keys = [(embedder.name, text) for text in texts]
-        missing = list(dict.fromkeys(k for k in keys if k not in self._vectors))
-        if missing:
-            fresh = await embedder.embed([text for _, text in missing])
-            for key, vector in zip(missing, fresh, strict=True):
-                self._vectors[key] = vector
-        for key in keys:
-            self._vectors.move_to_end(key)
-        out = np.stack([self._vectors[k] for k in keys]) if keys else np.zeros((0, 1))
-        while len(self._vectors) > self._size:
-            self._vectors.popitem(last=False)
-        return out.astype(np.float32)
-
-
-_VECTORS = _Vectors()
+async def _piece_vectors(
+    embedder: Embedder,
+    texts: Sequence[str],
+    pages: Sequence[int | None],
+    stored: PieceVectors | None,
+) -> NDArray[np.float32]:
+    """The vectors of the pieces' texts: those stored at ingest, the rest encoded now (and
+    stored for the next turn when their page is known)."""
+    rows = np.empty((len(texts), embedder.dimension), dtype=np.float32)
+    keys: dict[int, tuple[int, bytes]] = {}  # piece -> its key, when its page is indexed
+    if stored is not None:
+        keys = {i: (page, digest(texts[i])) for i, page in enumerate(pages) if page is not None}
+        found = await stored.fetch(embedder.name, embedder.dimension, list(set(keys.values())))
+        for i, key in list(keys.items()):
+            if key in found:
+                rows[i] = found[key]
+                del keys[i]
+    missing = [i for i in range(len(texts)) if stored is None or i in keys or pages[i] is None]
+    if not missing:
+        return rows
+    unique = list(dict.fromkeys(texts[i] for i in missing))
+    fresh = dict(zip(unique, await embedder.embed(unique), strict=True))
+    for i in missing:
+        rows[i] = fresh[texts[i]]
+    if stored is not None and keys:
+        first = {key: i for i, key in keys.items()}  # a text twice on one page: stored once
+        await stored.keep(embedder.name, list(first), rows[list(first.values())])
+    return rows
 
 
 async def _score(
     question: Question,
     sentences: list[Sentence],
-    titles: Sequence[str],
+    passages: Sequence[Passage],
     embedder: Embedder,
     matcher: _Matcher,
+    stored: PieceVectors | None,
 ) -> _Scored:
-    texts = [f"{s.heading}: {s.text}" if s.heading else s.text for s in sentences]
+    texts = [piece_text(s) for s in sentences]
     asked = await embedder.embed([question.text])
-    rows = await _VECTORS.embed(embedder, texts)
+    pages = [passages[s.source].page_id for s in sentences]
+    rows = await _piece_vectors(embedder, texts, pages, stored)
+    titles = [p.title for p in passages]
     similarity = (rows @ asked[0]).astype(np.float32)
     key_words, focus = _key_word_scores(matcher, sentences, titles)
     # a labelled fact of the wanted kind ("Price: €249.00") is the answer itself
     wanted = np.array(
-        [_wanted(question, s.text, _context(s)) * (1.5 if _LABELLED.match(s.text) else 1.0)
+        [_wanted(question, s.text, _context(s)) * (1.5 if LABELLED.match(s.text) else 1.0)
          for s in sentences],
         dtype=np.float32,
     )  # fmt: skip
@@ -846,10 +754,10 @@ def _contains_words(text: str, part: str) -> bool:
     return f" {' '.join(words(fold(part)))} " in f" {' '.join(words(fold(text)))} "
 
 
-def _missing(question: Question, matcher: _Matcher, all_text: str) -> str | None:
+def _missing(question: Question, matcher: _Matcher, everything: Sequence[str]) -> str | None:
     """The one thing a yes/no question asks about that no source mentions ("Bitcoin"), or
     None when everything is mentioned or several things are missing (nothing is settled)."""
-    found_anywhere = matcher.found(all_text)
+    found_anywhere = matcher.found(*everything)
     absent = [t for t in matcher.terms if t not in found_anywhere]
     if not absent:
         return None
@@ -901,19 +809,23 @@ async def extractive_answer(
     min_similarity: float = 0.3,
     fallback_languages: Sequence[str] = (),
     said: str | None = None,
+    stored: PieceVectors | None = None,
 ) -> ExtractiveAnswer:
     """Pieces of the best page (source i cited as [i+1]) that answer ``question``; when none
     is close enough, the deferral in the question's language with the contact route.
 
     The answer's words are the sources' and its own phrases; the only others it may repeat
     are those in ``said``, what the visitor wrote (None: the question's text). The rest of
-    the question (a page title the search query was filled in from) is never quoted."""
+    the question (a page title the search query was filled in from) is never quoted.
+
+    ``stored``: where the vectors of the passages' pieces were kept at ingest (by their
+    ``page_id``); without it, or for pieces not found there, they are encoded now."""
     language = question.language
     sentences = split_sentences([p.text for p in passages])
     if not sentences or not question.text.strip():
         return ExtractiveAnswer(deferral(language, contact_route), (), answered=False)
     matcher = _Matcher(question)
-    scored = await _score(question, sentences, [p.title for p in passages], embedder, matcher)
+    scored = await _score(question, sentences, passages, embedder, matcher, stored)
     page_scores = _page_scores(question, passages, scored, fallback_languages)
     # A product the question names answers from its own page when one is among the sources.
     about = [
@@ -931,16 +843,18 @@ async def extractive_answer(
     if question.compares and len(ranked_pages) > 1:
         pages.add(ranked_pages[1])
     chosen = _choose(question, scored, pages, max_sentences, min_similarity, matcher)
-    all_text = " ".join(f"{p.title} {p.text}" for p in passages)
+    everything = [part for p in passages for part in (p.title, p.text)]
     # the words of the question's names found nowhere ("Q-Park" of "Q-Park Westblaak")
     name_words = [fold(w) for n in question.names for w in words(n)]
-    everywhere = {fold(w) for w in words(all_text)}
     names_unknown = (
-        sum(w not in everywhere for w in name_words) / len(name_words) if name_words else 0.0
+        sum(not any(w in _folded(part) for part in everything) for w in name_words)
+        / len(name_words)
+        if name_words
+        else 0.0
     )
     page = ranked_pages[0]
-    page_text = f"{passages[page].title} {passages[page].text}"
-    coverage = sum(matcher.found(page_text).values()) / len(matcher.terms) if matcher.terms else 0.0
+    on_page = matcher.found(passages[page].title, passages[page].text)
+    coverage = sum(on_page.values()) / len(matcher.terms) if matcher.terms else 0.0
     best = max(chosen, key=lambda i: scored.scores[i]) if chosen else int(np.argmax(scored.scores))
     picked = [sentences[i] for i in chosen]
     # Across languages only names and numbers can be found word for word.
@@ -956,7 +870,7 @@ async def extractive_answer(
         quote_coverage=_share(matcher, shared, picked) if shared else 0.5,
         page_margin=_margin(page_scores),
         faq=bool(chosen) and _answers_a_question(scored, best),
-        unknown=1.0 - _share_in(matcher, shared, all_text) if shared else 0.0,
+        unknown=1.0 - _share_in(matcher, shared, everything) if shared else 0.0,
     )
     log.debug(
         "extractive.scored sentences=%d best=%.3f chosen=%d",
@@ -968,7 +882,7 @@ async def extractive_answer(
         return ExtractiveAnswer(deferral(language, contact_route), (), False, evidence)
     opening = None
     if question.yes_no:
-        missing = _missing(question, matcher, all_text)
+        missing = _missing(question, matcher, everything)
         if missing is None:
             opening = _yes_no(question, picked, matcher)
         elif members := _best_list(scored, page, min_similarity / 2):
@@ -981,7 +895,7 @@ async def extractive_answer(
             evidence = replace(
                 evidence,
                 quote_coverage=_share(matcher, rest, picked) if rest else 1.0,
-                unknown=1.0 - _share_in(matcher, rest, all_text) if rest else 0.0,
+                unknown=1.0 - _share_in(matcher, rest, everything) if rest else 0.0,
             )
     parts = _compose(picked, subject_of(passages[page].title))
     if opening is not None:
@@ -995,15 +909,16 @@ async def extractive_answer(
 
 
 def _share(matcher: _Matcher, terms: Sequence[str], picked: Sequence[Sentence]) -> float:
-    return _share_in(matcher, terms, " ".join(f"{s.heading} {s.text}" for s in picked))
+    return _share_in(matcher, terms, [" ".join(f"{s.heading} {s.text}" for s in picked)])
 
 
-def _share_in(matcher: _Matcher, terms: Sequence[str], text: str) -> float:
+def _share_in(matcher: _Matcher, terms: Sequence[str], parts: Sequence[str]) -> float:
+    """The share of ``terms`` in the text ``parts`` make joined by spaces."""
     if not terms:
         return 1.0
-    found = matcher.found(text)
+    found = matcher.found(*parts)
     for term in terms:
-        if term not in found and (code := country(term)) and region_holds(code, text):
+        if term not in found and (code := country(term)) and region_holds(code, " ".join(parts)):
             found[term] = REGION_MATCH  # "Austria" in the row of the other EU countries
     return sum(found.get(t, 0.0) for t in terms) / len(terms)
 

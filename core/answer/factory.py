@@ -24,6 +24,7 @@ from core.store.conversations import Conversations
 from core.store.curated import CuratedAnswers
 from core.store.handoff import HandoffStore
 from core.store.page_catalog import PageCatalog
+from core.store.piece_vectors import PieceVectors
 
 
 def build_pipeline(
@@ -88,4 +89,5 @@ def build_pipeline(
             if chat is not None
             else None
         ),
+        pieces=PieceVectors(pool),
     )

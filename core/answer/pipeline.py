@@ -43,6 +43,7 @@ from core.store.agents import Agent, Agents
 from core.store.conversations import Conversations, TurnRecord
 from core.store.curated import CuratedAnswers
 from core.store.handoff import UNREACHABLE, HandoffStore
+from core.store.piece_vectors import PieceVectors
 from core.turns import TurnEvent, TurnOutput, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class PipelineConfig:
     # The answer gates' critic (core/answer/gates.py): its model, and how long it may take.
     critic_model: str | None = None
     critic_timeout_ms: int = 8000
+    # The quote reads the vectors of the sources' pieces stored at ingest; False encodes
+    # them all on every turn, as before they were stored (a benchmark's baseline).
+    stored_pieces: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +223,7 @@ class AnswerPipeline:
         quotas: Quotas | None = None,
         translator: QueryTranslator | None = None,
         explorer: Explorer | None = None,
+        pieces: PieceVectors | None = None,
     ) -> None:
         self._agents = agents
         self._conversations = conversations
@@ -236,6 +241,7 @@ class AnswerPipeline:
         self._quotas = quotas
         self._translator = translator
         self._explorer = explorer  # for agents that answer by exploring their pages
+        self._pieces = pieces if config.stored_pieces else None
         self._gates = AnswerGates(
             retriever,
             chat,
@@ -271,6 +277,9 @@ class AnswerPipeline:
             return await self._finish_canned(
                 request, agent, out, trace, reply, language, mode="smalltalk", confidence=None
             )
+        # The question's vector is made while the conversation is looked up: the answer
+        # cache and the search ask for it next.
+        self._retriever.warm(request.text)
         conversation_id = await self._conversations.find(
             agent.id, request.channel, request.conversation_key
         )
@@ -723,6 +732,7 @@ class AnswerPipeline:
                 whole.get(s.page_id or 0, s.text),
                 language_of(s.locale) if s.locale else None,
                 current=page_url is not None and same_page(s.url, page_url),
+                page_id=s.page_id,
             )
             for s in sources
         ]
@@ -734,6 +744,7 @@ class AnswerPipeline:
             min_similarity=EXTRACTIVE_MIN_SIMILARITY,
             fallback_languages=(language_of(agent.default_language),),
             said=said,
+            stored=self._pieces,
         )
 
     async def _paced(self, text: str, out: _Output) -> None:

@@ -108,6 +108,8 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 _PERMANENT: tuple[type[BaseException], ...] = (ParleyError, pydantic.ValidationError)
 # Longest pause of the claiming loop while the database cannot be reached.
 _MAX_LOOP_PAUSE = 30.0
+# How long a stopping worker tries to hand back the rows of a turn it could not finish.
+_GIVE_BACK_SECONDS = 5.0
 
 FailureKind = Literal["transient", "permanent", "unexpected"]
 
@@ -159,7 +161,10 @@ class InboxWorker:
     time limit; after an unexpected one likewise, but for ``max_attempts`` tries in all; after
     a permanent one it fails at once. ``holding_after`` seconds after a message came in
     without an answer, the customer gets the holding sentence once (0: never). ``queued`` is
-    called after a reply or a holding message went into the outbox.
+    called after a reply or a holding message went into the outbox. While ``defer`` returns
+    True, more urgent work of the process waits (its webhooks): no new turn starts and no
+    holding message is queued. Stopped (cancelled), it claims no more and gives the turns in
+    flight ``grace`` seconds to finish.
     """
 
     def __init__(
@@ -183,6 +188,8 @@ class InboxWorker:
         backoff: Backoff | None = None,
         holding_after: float = 30.0,
         queued: Callable[[], None] | None = None,
+        defer: Callable[[], bool] | None = None,
+        grace: float = 0.0,
     ) -> None:
         self._pool = pool
         self._pipeline = pipeline
@@ -194,7 +201,9 @@ class InboxWorker:
         self._burst = burst_window
         self._lease = lease
         self._concurrency = concurrency
-        self._slots = WorkSlots(cpu_slots, on_free=self._wake_up)
+        # While ``defer`` says so (webhooks of this process waiting), no new turn starts.
+        self._deferring = defer or (lambda: False)
+        self._slots = WorkSlots(cpu_slots, on_free=self._wake_up, defer=defer)
         self._limits = limits
         # Turns in flight per agent, and whether the claim loop stopped for want of room.
         self._in_flight: Counter[int] = Counter()
@@ -213,13 +222,16 @@ class InboxWorker:
         self._holding_after = holding_after
         # Told whenever messages were queued in the outbox (the sender may send them at once).
         self._queued = queued or (lambda: None)
+        self._grace = grace
 
     @property
     def slots(self) -> WorkSlots:
         return self._slots
 
     async def run(self) -> None:
-        """Claim and answer until cancelled; a cancelled turn's rows wait for their lease.
+        """Claim and answer until cancelled; then claim no more, give the turns in flight
+        ``grace`` seconds, and cancel those still running: their rows go back at once, for
+        another worker (or, if that fails, when their lease ends).
 
         The loop outlives a database outage: it pauses longer each time the database
         cannot be reached, and carries on once it can.
@@ -230,7 +242,8 @@ class InboxWorker:
         pause, holding_pause, holding_due = self._poll, self._poll, loop.time()
         try:
             while True:
-                if loop.time() >= holding_due:
+                # Holding messages are new work too: they wait while the process defers.
+                if loop.time() >= holding_due and not self._deferring():
                     if await _survived("holding", self.send_holding_messages()):
                         holding_pause = self._poll
                     else:
@@ -251,9 +264,14 @@ class InboxWorker:
                 else:
                     await asyncio.sleep(pause)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                if tasks and self._grace > 0:
+                    log.info("inbox.stopping turns=%d grace=%.0f", len(tasks), self._grace)
+                    await asyncio.wait(tasks, timeout=self._grace)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def _wake_up(self) -> None:
         self._room.set()
@@ -272,14 +290,20 @@ class InboxWorker:
             if not slots:
                 return
             claims: list[InboxClaim] = []
-            try:
-                claims = await self._leases.claim_many(
+            claiming = asyncio.ensure_future(
+                self._leases.claim_many(
                     len(slots),
                     quiet_for=self._burst,
                     lease=self._lease,
                     max_rows=self._max_rows,
                     skip_agents=self._agents_held_back(),
                 )
+            )
+            try:
+                claims = await asyncio.shield(claiming)
+            except asyncio.CancelledError:
+                await self._give_back_claimed(claiming)  # told to stop in the middle of it
+                raise
             finally:
                 for slot in slots[len(claims) :]:
                     slot.give_back()
@@ -340,8 +364,8 @@ class InboxWorker:
         try:
             reply = await self._reply_while_typing(claim)
         except asyncio.CancelledError:
-            # The rows stay 'processing'; once the lease runs out another worker takes them.
             heartbeat.cancel()
+            await self._give_back(holder[0])
             raise
         except Exception as exc:
             stop.set()
@@ -352,6 +376,9 @@ class InboxWorker:
         await heartbeat  # not cancelled: a renewal in flight must land in `holder`
         try:
             await self._finish(holder[0], reply)
+        except asyncio.CancelledError:
+            await self._give_back(holder[0])  # unless the reply was queued: its rows are done
+            raise
         except _Superseded:
             log.info(
                 "inbox.turn.superseded channel=%s inbox_id=%d: redone with the newer message",
@@ -417,6 +444,27 @@ class InboxWorker:
             if typing is not None:
                 # The indicator is a courtesy: its failures never fail the turn.
                 await asyncio.gather(typing, return_exceptions=True)
+
+    async def _give_back(self, claim: InboxClaim) -> None:
+        """A turn stopped before its end: its rows wait again at once, for another worker.
+        If that fails they stay 'processing' until the lease runs out, and are taken then."""
+        try:
+            async with asyncio.timeout(_GIVE_BACK_SECONDS):
+                given = await self._leases.give_back(claim)
+        except Exception as exc:
+            log.warning("inbox.give_back.failed inbox_id=%d error=%r", claim.first.id, exc)
+            return
+        log.info("inbox.turn.given_back inbox_id=%d given=%s", claim.first.id, given)
+
+    async def _give_back_claimed(self, claiming: asyncio.Future[list[InboxClaim]]) -> None:
+        """What a claim interrupted by a stop took, back at once (no turn will answer it)."""
+        try:
+            async with asyncio.timeout(_GIVE_BACK_SECONDS):
+                claims = await claiming
+        except Exception:
+            return  # nothing was claimed, or the rows wait for their lease to end
+        for claim in claims:
+            await self._give_back(claim)
 
     async def _keep_lease(self, holder: list[InboxClaim], stop: asyncio.Event) -> None:
         """Extends the lease while a long turn runs, so no other worker takes the rows."""

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # Longest pause of the sending loop while the database cannot be reached.
 _MAX_LOOP_PAUSE = 30.0
+# How long a sender told to stop waits for a claim it was making to come back.
+_CLAIM_SETTLES = 5.0
 
 # Failures of the database or the network, logged without a traceback: they mend themselves.
 _DOWN: tuple[type[BaseException], ...] = (
@@ -88,8 +90,12 @@ class OutboxSender:
         max_attempts: int = 8,
         max_lookups: int = 3,
         wake: asyncio.Event | None = None,
+        grace: float = 0.0,
     ) -> None:
         self._outbox = Outbox(pool)
+        # Stopped, it claims no more and gives the sends in flight this long to end (a send
+        # cut short leaves its part unconfirmed for a minute, then settled by another sender).
+        self._grace = grace
         # Set when this process queues a part: sent at once rather than at the next poll.
         self._wake = wake or asyncio.Event()
         self._senders = senders
@@ -102,7 +108,7 @@ class OutboxSender:
         self._max_lookups = max_lookups
 
     async def run(self) -> None:
-        """Send until cancelled.
+        """Send until cancelled; then let the sends in flight end (within ``grace``).
 
         Up to ``batch`` parts are in flight at once, each on its own: a send that waits out
         its timeout holds up its own chat, never the others, whose next parts are claimed as
@@ -121,8 +127,15 @@ class OutboxSender:
                 room = self._batch - len(in_flight)
                 claimed = 0
                 if room > 0:
+                    claiming = asyncio.ensure_future(self._outbox.claim(room, self._lease))
                     try:
-                        rows = await self._outbox.claim(room, self._lease)
+                        rows = await asyncio.shield(claiming)
+                    except asyncio.CancelledError:
+                        # Told to stop mid-claim: what it took is sent with the rest in flight.
+                        with suppress(Exception):
+                            for row in await asyncio.wait_for(claiming, _CLAIM_SETTLES):
+                                self._start(row, in_flight)
+                        raise
                     except Exception as exc:
                         pause = min(pause * 2, _MAX_LOOP_PAUSE)
                         _log_poll_failure(exc, pause)
@@ -130,19 +143,26 @@ class OutboxSender:
                         continue
                     pause = self._poll
                     for row in rows:
-                        task = asyncio.create_task(self._send_logged(row))
-                        in_flight.add(task)
-                        task.add_done_callback(in_flight.discard)
-                        task.add_done_callback(lambda _: self._wake.set())
+                        self._start(row, in_flight)
                     claimed = len(rows)
                 if not claimed or len(in_flight) >= self._batch:
                     with suppress(TimeoutError):
                         async with asyncio.timeout(self._poll):
                             await self._wake.wait()
         finally:
-            for task in in_flight:
-                task.cancel()
-            await asyncio.gather(*in_flight, return_exceptions=True)
+            try:
+                if in_flight and self._grace > 0:
+                    await asyncio.wait(in_flight, timeout=self._grace)
+            finally:
+                for task in in_flight:
+                    task.cancel()
+                await asyncio.gather(*in_flight, return_exceptions=True)
+
+    def _start(self, row: OutboxRow, in_flight: set[asyncio.Task[None]]) -> None:
+        task = asyncio.create_task(self._send_logged(row))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+        task.add_done_callback(lambda _: self._wake.set())
 
     async def _send_logged(self, row: OutboxRow) -> None:
         try:

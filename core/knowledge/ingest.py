@@ -1,22 +1,29 @@
 """Bringing a source's content into an agent's index: read, skip what is unchanged, chunk,
-embed in batches, replace each changed page in one transaction, prune what disappeared."""
+embed in batches (the chunks, and the pieces an extractive answer quotes), replace each
+changed page in one transaction, prune what disappeared. Reading the next pages goes on
+while a batch is embedded."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from core.documents import Chunk, Document, ReadError
 from core.knowledge.chunk import chunk_document
 from core.knowledge.crawl import CrawlLimits, Unchanged, crawl
 from core.knowledge.outbound import IPNetwork, crawler_session
+from core.knowledge.pieces import digest, page_piece_texts
 from core.knowledge.sources import HTML_SUFFIXES, TEXT_SUFFIXES, SourceSpec, read_local
 from core.ports import Embedder
 from core.store.agents import Agent
 from core.store.knowledge import KnowledgeStore, StoredPage
+from core.store.piece_vectors import PagePieces, PieceVectors, to_bytes
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,7 @@ class IngestReport:
     removed: int = 0
     retagged: int = 0  # kept pages whose tags changed
     chunks_embedded: int = 0
+    pieces_embedded: int = 0  # quotable pieces of new or changed text
     errors: list[ReadError] = field(default_factory=list)
     failed: str | None = None  # the whole source could not be read
     knowledge_version: int | None = None
@@ -99,7 +107,7 @@ class Ingestor:
         report = IngestReport(source_id=source_id)
         progress = _Progress(on_progress)
         try:
-            items = self._read(spec, base_url, stored, progress)
+            items = self._read(spec, source_id, base_url, stored, progress)
             seen = await self._sync(agent, source_id, items, stored, report, progress)
         except BaseException as exc:
             await self._store.set_source_status(source_id, "failed", _reason(exc))
@@ -134,6 +142,7 @@ class Ingestor:
     async def _read(
         self,
         spec: SourceSpec,
+        source_id: int,
         base_url: str | None,
         stored: dict[str, StoredPage],
         progress: _Progress,
@@ -141,9 +150,12 @@ class Ingestor:
         if not spec.is_remote:
             progress.counts.pages_total = await asyncio.to_thread(_count_local, spec)
             progress.changed()
+            # A file this source read before and that is still the same is not read again
+            # (one read by another source is: the page changes hands).
+            known = {url: p.etag for url, p in stored.items() if p.source_id == source_id}
             # One page at a time, so that progress shows while a large folder is read and
             # embedded (reading everything first left the display still until the end).
-            pages = read_local(spec, base_url)
+            pages = read_local(spec, base_url, known)
             while (read := await asyncio.to_thread(next, pages, None)) is not None:
                 yield read
             return
@@ -167,21 +179,42 @@ class Ingestor:
         pending: list[tuple[Document, list[Chunk]]] = []
         pending_chunks = 0
         fetched_any = False
-        async for item in items:
-            fetched_any = fetched_any or not isinstance(item, ReadError)
-            queued = await self._take(agent, source_id, item, stored, seen, report)
-            if queued is None:
-                progress.counts.pages += 1  # settled: nothing to embed
+        # The batch being embedded and stored while the next pages are read: the reading
+        # (extracting HTML above all) and the encoding each keep a core busy.
+        writing: asyncio.Task[None] | None = None
+        try:
+            async for item in items:
+                fetched_any = fetched_any or not isinstance(item, ReadError)
+                queued = await self._take(agent, source_id, item, stored, seen, report)
+                if queued is None:
+                    progress.counts.pages += 1  # settled: nothing to embed
+                    progress.changed()
+                    continue
+                pending.append(queued)
+                pending_chunks += len(queued[1])
+                progress.counts.chunks += len(queued[1])
                 progress.changed()
-                continue
-            pending.append(queued)
-            pending_chunks += len(queued[1])
-            progress.counts.chunks += len(queued[1])
-            progress.changed()
-            if pending_chunks >= EMBED_BATCH:
-                await self._write(agent, source_id, pending, report, progress)
-                pending, pending_chunks = [], 0
-        await self._write(agent, source_id, pending, report, progress)
+                if pending_chunks >= EMBED_BATCH:
+                    if writing is not None:
+                        await writing
+                    batch = list(pending)
+                    writing = asyncio.create_task(
+                        self._write(agent, source_id, batch, stored, report, progress)
+                    )
+                    pending, pending_chunks = [], 0
+            if writing is not None:
+                await writing
+            await self._write(agent, source_id, pending, stored, report, progress)
+        except asyncio.CancelledError:
+            if writing is not None:
+                writing.cancel()
+            raise
+        except BaseException:
+            # The pages read before the failure are stored all the same.
+            if writing is not None and not writing.done():
+                with contextlib.suppress(Exception):
+                    await writing
+            raise
         if not fetched_any and report.errors:
             # Nothing could be read at all (site down, folder gone): keep what the index has.
             report.failed = f"{report.errors[0].location}: {report.errors[0].reason}"
@@ -230,6 +263,7 @@ class Ingestor:
         agent: Agent,
         source_id: int,
         pending: Iterable[tuple[Document, list[Chunk]]],
+        stored: dict[str, StoredPage],
         report: IngestReport,
         progress: _Progress,
     ) -> None:
@@ -239,18 +273,77 @@ class Ingestor:
         inputs = [chunk.embedding_input() for _, chunks in batch for chunk in chunks]
         progress.counts.embedding = len(inputs)
         progress.changed()
-        vectors = await self._embedder.embed(inputs)
+        name = self._embedder.name
+        pieces = [page_piece_texts([(c.heading, c.text) for c in chunks]) for _, chunks in batch]
+        digests = [[digest(text) for text in texts] for texts in pieces]
+        # A changed page keeps the vectors of the pieces it still has.
+        kept = await self._store.piece_vectors(
+            [stored[doc.url].id for doc, _ in batch if doc.url in stored], name
+        )
+        new = list(
+            dict.fromkeys(
+                text
+                for texts, keys in zip(pieces, digests, strict=True)
+                for text, key in zip(texts, keys, strict=True)
+                if key not in kept
+            )
+        )
+        vectors = await self._embedder.embed([*inputs, *new])
         report.chunks_embedded += len(inputs)
+        report.pieces_embedded += len(new)
+        made = dict(zip(new, to_bytes(vectors[len(inputs) :]), strict=True))
         offset = 0
-        for doc, chunks in batch:
+        for (doc, chunks), texts, keys in zip(batch, pieces, digests, strict=True):
+            rows = [kept[k] if k in kept else made[t] for t, k in zip(texts, keys, strict=True)]
             await self._store.write_page(
-                agent.id, source_id, doc, chunks, vectors[offset : offset + len(chunks)]
+                agent.id,
+                source_id,
+                doc,
+                chunks,
+                vectors[offset : offset + len(chunks)],
+                PagePieces(name, keys, rows),
             )
             offset += len(chunks)
         progress.counts.embedding = 0
         progress.counts.embedded += len(inputs)
         progress.counts.pages += len(batch)
         progress.changed()
+
+
+async def fill_piece_vectors(
+    store: KnowledgeStore,
+    vectors: PieceVectors,
+    embedder: Embedder,
+    agent_id: int,
+    *,
+    pages: int = 20,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Store the vectors of the quotable pieces of an agent's pages that have none from
+    ``embedder`` (pages indexed before they were stored, or re-embedded since), ``pages``
+    pages at a time; ``on_batch`` hears how many pages each batch had. Returns the number
+    of pieces embedded."""
+    done = 0
+    after = 0
+    while batch := await store.page_parts(agent_id, after=after, limit=pages):
+        after = batch[-1][0]
+        keys: list[tuple[int, bytes]] = []
+        texts: list[str] = []
+        for page_id, parts in batch:
+            for text in page_piece_texts(parts):
+                keys.append((page_id, digest(text)))
+                texts.append(text)
+        known = await vectors.fetch(embedder.name, embedder.dimension, keys)
+        missing = [i for i, key in enumerate(keys) if key not in known]
+        if missing:
+            unique = list(dict.fromkeys(texts[i] for i in missing))
+            made = dict(zip(unique, await embedder.embed(unique), strict=True))
+            rows = np.stack([made[texts[i]] for i in missing])
+            await vectors.keep(embedder.name, [keys[i] for i in missing], rows)
+            done += len(unique)
+        if on_batch is not None:
+            on_batch(len(batch))
+    return done
 
 
 class _Progress:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from core.documents import Document, ReadError
 from core.errors import InvalidInput
 from core.knowledge.classify import infer_page_type
+from core.knowledge.crawl import Unchanged
 from core.knowledge.extract import extract_page, normalise_url
 from core.locale import resolve_locale
 from core.tags import normalise_tags
@@ -25,6 +27,12 @@ SourceKind = Literal["directory", "file", "jsonl", "url", "sitemap", "text"]
 TEXT_SUFFIXES = (".md", ".markdown", ".txt")
 HTML_SUFFIXES = (".html", ".htm")
 MAX_FILE_BYTES = 5_000_000
+# Part of every file's fingerprint: change it when reading the same bytes would give another
+# page (the extraction changed), so that the next ingest reads every file again.
+READER_VERSION = "1"
+
+# What the index holds of each page it read from a file: url -> the file's fingerprint.
+Fingerprints = Mapping[str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,16 +100,27 @@ def _url_for(root: Path, path: Path, base_url: str | None) -> str:
     return f"{base_url.rstrip('/')}/{relative}" if base_url else f"/{relative}"
 
 
-def read_file(path: Path, url: str) -> Document | ReadError:
-    """One .md/.txt/.html file as a page; unreadable files become a `ReadError`."""
+def fingerprint(raw: bytes) -> str:
+    """A file's bytes in short, kept as the page's ETag: a file that still has it is the
+    page as indexed, without reading it again."""
+    return f'"{READER_VERSION}-{hashlib.sha256(raw).hexdigest()[:32]}"'
+
+
+def read_file(path: Path, url: str, known: str | None = None) -> Document | ReadError | Unchanged:
+    """One .md/.txt/.html file as a page; unreadable files become a `ReadError`, and a file
+    whose fingerprint is ``known`` (the page's, as indexed) is `Unchanged`."""
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
             return ReadError(str(path), f"larger than {MAX_FILE_BYTES // 1_000_000} MB", url)
         raw = path.read_bytes()
     except OSError as exc:
         return ReadError(str(path), exc.strerror or type(exc).__name__, url)
+    etag = fingerprint(raw)
+    if etag == known:
+        return Unchanged(url)
     if path.suffix.lower() in HTML_SUFFIXES:
-        return extract_page(raw, url)
+        page = extract_page(raw, url)
+        return page if isinstance(page, ReadError) else replace(page, etag=etag)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -113,6 +132,7 @@ def read_file(path: Path, url: str) -> Document | ReadError:
         text=text,
         locale=resolve_locale(url, None, text),
         page_type=infer_page_type(url, title),
+        etag=etag,
     )
 
 
@@ -130,8 +150,11 @@ def read_text(url: str, text: str) -> Document | ReadError:
     )
 
 
-def read_directory(root: Path, base_url: str | None = None) -> Iterator[Document | ReadError]:
+def read_directory(
+    root: Path, base_url: str | None = None, known: Fingerprints | None = None
+) -> Iterator[Document | ReadError | Unchanged]:
     """Every .md/.html/.txt file under ``root``, in a stable order; hidden folders skipped.
+    Files whose fingerprint ``known`` holds for their page are `Unchanged`.
 
     Nothing outside ``root`` is read: a file whose real path lies outside it (a symbolic
     link, or a file in a linked folder) and a linked folder that leaves it are reported as
@@ -156,7 +179,8 @@ def read_directory(root: Path, base_url: str | None = None) -> Iterator[Document
             # No url: a page once read through this link is removed, not kept as it was.
             yield ReadError(str(path), "skipped: links outside the folder")
         elif wanted and (path.is_file() or path.is_symlink()):
-            yield read_file(path, _url_for(root, path, base_url))
+            url = _url_for(root, path, base_url)
+            yield read_file(path, url, (known or {}).get(url))
 
 
 def read_jsonl(path: Path) -> Iterator[Document | ReadError]:
@@ -213,14 +237,19 @@ def read_jsonl(path: Path) -> Iterator[Document | ReadError]:
             )
 
 
-def read_local(spec: SourceSpec, base_url: str | None = None) -> Iterator[Document | ReadError]:
+def read_local(
+    spec: SourceSpec, base_url: str | None = None, known: Fingerprints | None = None
+) -> Iterator[Document | ReadError | Unchanged]:
+    """The source's pages; ``known``: the fingerprints of the files its pages were read
+    from, so that unchanged files are not read again."""
     path = Path(spec.location)
     if spec.kind == "directory":
-        yield from read_directory(path, base_url)
+        yield from read_directory(path, base_url, known)
     elif spec.kind == "jsonl":
         yield from read_jsonl(path)
     elif spec.kind == "file":
-        yield read_file(path, _url_for(path.parent, path, base_url))
+        url = _url_for(path.parent, path, base_url)
+        yield read_file(path, url, (known or {}).get(url))
     elif spec.kind == "text":
         yield read_text(spec.location, spec.text or "")
     else:

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from core.errors import Unavailable
+from core.knowledge.pieces import page_text
 from core.locale import detect_language, language_of
 from core.ports import Cache, Embedder, Reranker
 from core.retrieval.boosts import QuerySignals, boost_for
@@ -95,7 +96,12 @@ class RetrievalResult:
         return best
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+        # Field by field: dataclasses.asdict deep-copies every hit's text first, which cost
+        # the event loop some 2-3 ms per search result cached, before the first token.
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["hits"] = [_hit_fields(h) for h in self.hits]
+        data["ranked"] = [_hit_fields(h) for h in self.ranked]
+        return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> RetrievalResult:
@@ -110,6 +116,13 @@ class RetrievalResult:
         return cls(
             hits=hits(data.pop("hits")), ranked=hits(data.pop("ranked")), **{**data, "cached": True}
         )
+
+
+_HIT_FIELDS = tuple(f.name for f in dataclasses.fields(Hit))
+
+
+def _hit_fields(hit: Hit) -> dict[str, object]:
+    return {name: getattr(hit, name) for name in _HIT_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +145,7 @@ class Retriever:
         self._embedder = embedder
         self._cache = cache
         self._reranker = reranker
+        self._warming: set[asyncio.Task[object]] = set()
 
     async def retrieve(
         self, query: RetrievalQuery, vector: NDArray[np.float32] | None = None
@@ -148,17 +162,7 @@ class Retriever:
         """The whole text of each page, its headings as Markdown lines: what an answer may
         quote when a retrieved chunk shows the page is the one that answers."""
         chunks = await self._search.page_chunks(agent_id, list(page_ids))
-        texts = {}
-        for page_id, parts in chunks.items():
-            lines: list[str] = []
-            last = None
-            for heading, text in parts:
-                if heading and heading != last:
-                    lines.append(f"## {heading.split(' > ')[-1]}")
-                    last = heading
-                lines.append(text)
-            texts[page_id] = "\n\n".join(lines)
-        return texts
+        return {page_id: page_text(parts) for page_id, parts in chunks.items()}
 
     async def page_at(self, agent: Agent, url: str) -> PageRef | None:
         """The public indexed page the visitor is on, whether the address is absolute or
@@ -170,6 +174,21 @@ class Retriever:
         if row is None:
             return None
         return PageRef(row["id"], row["url"], row["title"], row["locale"])
+
+    def warm(self, text: str) -> None:
+        """Start embedding a question the search will soon be asked for: the embedder keeps
+        its vector, so that it is ready then rather than made after whatever comes first."""
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(
+            self._embedder.embed([text])
+        )
+        self._warming.add(task)
+        task.add_done_callback(self._warmed)
+
+    def _warmed(self, task: asyncio.Task[object]) -> None:
+        self._warming.discard(task)
+        failed = None if task.cancelled() else task.exception()
+        if failed is not None:  # the search asks again, and handles the failure then
+            log.debug("retrieval.warm.failed error=%s", type(failed).__name__)
 
     async def embed_queries(self, texts: Sequence[str]) -> NDArray[np.float32]:
         """Question vectors in one batch, for callers that retrieve many at once."""

@@ -16,6 +16,7 @@ from core.errors import StoreUnavailable
 from core.settings import Settings
 from core.store.embedded import EmbeddedPostgres
 from core.store.migrate import migrate
+from core.store.vector_index import hnsw_session
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ async def open_database(
                 timeout=_CONNECT_TIMEOUT,
                 # Per-agent partial vector indexes are only usable with the agent id
                 # known at planning time, so never let a generic plan take over.
-                server_settings={"plan_cache_mode": "force_custom_plan"},
+                server_settings={"plan_cache_mode": "force_custom_plan", **hnsw_session()},
             )
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreUnavailable(

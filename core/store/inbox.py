@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import asyncpg
 
 from core.inbound import InboundMessage
+from core.store.inbox_writer import InboxWriter
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -135,6 +136,7 @@ class Inbox:
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        self._writer = InboxWriter(pool)
 
     async def add(
         self,
@@ -144,21 +146,10 @@ class Inbox:
         payload: Mapping[str, Any],
     ) -> bool:
         """Store one delivery, normalised and as sent (``payload``, kept for staff); False
-        when this provider id was stored before (a re-delivery)."""
-        added = await self._pool.fetchval(
-            """INSERT INTO inbox (agent_id, channel, provider_message_id, conversation_key,
-                                  payload, message)
-               VALUES ($1, $2, $3, $4, $5, $6)
-               ON CONFLICT (agent_id, channel, provider_message_id) DO NOTHING
-               RETURNING id""",
-            agent_id,
-            channel,
-            message.provider_message_id,
-            message.customer_id,
-            dict(payload),
-            message.to_json(),
-        )
-        return added is not None
+        when this provider id was stored before (a re-delivery). Deliveries added at the
+        same moment share a statement (`core.store.inbox_writer`); each returns once its
+        row is committed."""
+        return await self._writer.add(agent_id, channel, message, payload)
 
     async def count(self, agent_id: int, channel: str) -> int:
         count = await self._pool.fetchval(
@@ -310,6 +301,12 @@ class InboxLeases:
                     if len(claims) == count:
                         break
         return claims
+
+    async def give_back(self, claim: InboxClaim) -> bool:
+        """The claimed rows waiting again at once, no attempt counted: the worker stops before
+        it could answer them. False when the lease was lost (they are someone else's)."""
+        async with self._pool.acquire() as conn:
+            return await put_back(conn, claim)
 
     async def renew(self, claim: InboxClaim, lease: float) -> InboxClaim | None:
         """The same claim with a later lease; None when it was lost."""

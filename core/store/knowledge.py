@@ -14,6 +14,7 @@ from core.documents import Chunk, Document
 from core.errors import Conflict, NotFound
 from core.locale import language_of, locale_from_url
 from core.store.database import Connection
+from core.store.piece_vectors import PagePieces, write_pieces
 from core.store.vector_index import EmbedderIdentity, bind_embedder, index_name
 
 
@@ -251,11 +252,14 @@ class KnowledgeStore:
         doc: Document,
         chunks: Sequence[Chunk],
         vectors: NDArray[np.float32],
+        pieces: PagePieces | None = None,
     ) -> None:
-        """Insert or replace a page and all its chunks in one transaction."""
+        """Insert or replace a page, all its chunks and its pieces' vectors in one
+        transaction."""
         folder = folder_language(doc.url)
         async with self._pool.acquire() as conn, conn.transaction():
             page_id, tags = await _upsert_page(conn, agent_id, source_id, doc)
+            await write_pieces(conn, page_id, pieces)
             await conn.execute("DELETE FROM chunks WHERE page_id = $1", page_id)
             await conn.copy_records_to_table(
                 "chunks",
@@ -289,6 +293,37 @@ class KnowledgeStore:
                     for chunk, vector in zip(chunks, vectors, strict=True)
                 ],
             )
+
+    async def piece_vectors(self, page_ids: Sequence[int], embedder: str) -> dict[bytes, bytes]:
+        """The stored piece vectors of these pages made by ``embedder``, as stored, by digest."""
+        if not page_ids:
+            return {}
+        rows = await self._pool.fetch(
+            """SELECT digest, vector FROM piece_vectors
+                WHERE page_id = ANY($1::bigint[]) AND embedder = $2""",
+            list(page_ids),
+            embedder,
+        )
+        return {r["digest"]: r["vector"] for r in rows}
+
+    async def page_parts(
+        self, agent_id: int, *, after: int = 0, limit: int = 50
+    ) -> list[tuple[int, list[tuple[str, str]]]]:
+        """The agent's pages by id, from the first after ``after``, each with its chunks as
+        (heading path, text) in page order."""
+        rows = await self._pool.fetch(
+            """SELECT c.page_id, c.heading, c.text FROM chunks c
+                WHERE c.page_id IN (SELECT id FROM pages WHERE agent_id = $1 AND id > $2
+                                     ORDER BY id LIMIT $3)
+                ORDER BY c.page_id, c.id""",
+            agent_id,
+            after,
+            limit,
+        )
+        pages: dict[int, list[tuple[str, str]]] = {}
+        for row in rows:
+            pages.setdefault(row["page_id"], []).append((row["heading"], row["text"]))
+        return list(pages.items())
 
     async def touch_page(self, agent_id: int, source_id: int, doc: Document) -> None:
         """An unchanged page: keep its chunks, refresh validators and ownership."""
@@ -426,6 +461,14 @@ async def reembed_agent(
             done += len(rows)
             if on_batch:
                 on_batch(len(rows))
+        # The pieces' vectors of another embedder are no use now (`fill_piece_vectors`
+        # makes them anew; until then a turn encodes what it quotes).
+        await conn.execute(
+            """DELETE FROM piece_vectors v USING pages p
+                WHERE p.id = v.page_id AND p.agent_id = $1 AND v.embedder <> $2""",
+            agent_id,
+            embedder.name,
+        )
         await bind_embedder(conn, agent_id, embedder)
         await bump_knowledge_version(conn, agent_id)
     return done

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 # pg_advisory_lock key shared by every process that migrates this database.
 _LOCK_KEY = 0x7061726C6579  # "parley"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# The oldest pgvector Parley runs on: retrieval relies on what 0.8 brought (halfvec storage,
+# iterative index scans with hnsw.iterative_scan).
+PGVECTOR_REQUIRED = (0, 8, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,7 @@ async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None =
     pending = migrations if migrations is not None else bundled_migrations()
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
     try:
+        await require_pgvector(conn)
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (
                    version    integer PRIMARY KEY,
@@ -93,6 +97,49 @@ async def migrate(conn: asyncpg.Connection, migrations: list[Migration] | None =
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def require_pgvector(conn: asyncpg.Connection) -> None:
+    """Raise `StoreUnavailable` when the database has, or the server offers, a pgvector older
+    than `PGVECTOR_REQUIRED`, naming the version found and how to get a newer one.
+
+    Checked before any migration runs, so an old pgvector stops the start with this message
+    rather than with a migration or a query failing on a type or setting it does not know.
+    A server without pgvector at all is reported by the first migration, which creates it.
+    """
+    row = await conn.fetchrow(
+        """SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS installed,
+                  (SELECT default_version FROM pg_available_extensions
+                    WHERE name = 'vector') AS available,
+                  current_database() AS database"""
+    )
+    assert row is not None
+    installed, available = row["installed"], row["available"]
+    required = ".".join(map(str, PGVECTOR_REQUIRED))
+    newer = "the image pgvector/pgvector:pg18 has it"
+    update = f'`ALTER EXTENSION vector UPDATE;` in the database "{row["database"]}"'
+    if installed is None:
+        if available is None or _version(available) >= PGVECTOR_REQUIRED:
+            return
+        raise StoreUnavailable(
+            f"this PostgreSQL server has pgvector {available} and Parley needs pgvector "
+            f"{required} or newer: install a newer pgvector on the server ({newer}), or unset "
+            "PARLEY_DATABASE_URL to use the embedded PostgreSQL"
+        )
+    if _version(installed) >= PGVECTOR_REQUIRED:
+        return
+    if available is not None and _version(available) >= PGVECTOR_REQUIRED:
+        how = f"the server has pgvector {available}: run {update}"
+    else:
+        how = f"install a newer pgvector on the server ({newer}), then run {update}"
+    raise StoreUnavailable(
+        f"this database has pgvector {installed} and Parley needs pgvector {required} or "
+        f"newer: {how} (as a superuser or the extension's owner)"
+    )
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
 def _explain(migration: Migration, exc: Exception) -> str:

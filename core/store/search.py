@@ -9,11 +9,24 @@ import asyncpg
 import numpy as np
 from numpy.typing import NDArray
 
-from core.store.database import Connection
+from core.store.vector_index import INDEX_PREFIX
 
-# Above this many candidates per request, HNSW's ef_search grows with the request.
-_MIN_EF_SEARCH = 100
-_MAX_EF_SEARCH = 1000
+# Full-text candidates: a word that stands in more than LEXICAL_BUDGET of the agent's chunks
+# (estimated from the column statistics ANALYZE keeps) still counts towards a chunk's rank,
+# but does not bring in candidates by itself: ranking every chunk that says "order" in a big
+# shop costs a rank computation each, and such a chunk says no more about the question
+# than the rarer words do. When every word of the question is that common, chunks holding
+# them all are the candidates. LEXICAL_CAP bounds the ranked set in any case.
+LEXICAL_BUDGET = 2_000
+LEXICAL_CAP = 10_000
+# A tag filter usually keeps few rows, and those are spread over the whole space rather than
+# near one another: the HNSW scan then walks far through the graph for them, and its later,
+# relaxed-order rounds miss some of the nearest. When the tags are expected on at most
+# EXACT_TAG_ROWS of the agent's chunks (column statistics again), those chunks are found
+# through the tags index and ranked exactly instead; above that the iterative scan answers,
+# asked for TAG_OVERFETCH times the rows so that the nearest of them can be kept.
+EXACT_TAG_ROWS = 25_000
+TAG_OVERFETCH = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +58,31 @@ class Candidate:
 
 _COLUMNS = """c.id AS chunk_id, c.page_id, p.url, p.title, c.heading, c.text, c.locale,
               c.page_type, c.tags"""
+
+# How many chunks the agent has, as of the last build or vacuum of its vector index (the
+# table's own count when it has none): lexeme shares are turned into chunk counts with it.
+_AGENT_CHUNKS = f"""SELECT coalesce(
+                      (SELECT nullif(reltuples, -1) FROM pg_class
+                        WHERE oid = to_regclass('{INDEX_PREFIX}' || $1::bigint)),
+                      (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'chunks'::regclass)
+                    ) AS chunks"""
+
+# The share of chunks each of the most common lexemes stands in, from ANALYZE's statistics
+# of chunks.tsv (frequencies of the most common elements); a lexeme not listed is rarer.
+_LEXEME_SHARES = """SELECT e.lexeme, e.share
+                      FROM pg_stats st,
+                           unnest(st.most_common_elems::text::text[],
+                                  st.most_common_elem_freqs) AS e(lexeme, share)
+                     WHERE st.schemaname = current_schema() AND st.tablename = 'chunks'
+                       AND st.attname = 'tsv'"""
+
+# Likewise for the tags on chunks.
+_TAG_SHARES = """SELECT e.tag, e.share
+                   FROM pg_stats st,
+                        unnest(st.most_common_elems::text::text[],
+                               st.most_common_elem_freqs) AS e(tag, share)
+                  WHERE st.schemaname = current_schema() AND st.tablename = 'chunks'
+                    AND st.attname = 'tags'"""
 
 _FILTERS = """c.agent_id = $1
           AND c.visibility = ANY($3::text[])
@@ -93,26 +131,47 @@ class ChunkSearch:
         limit: int,
         filters: SearchFilters,
     ) -> list[Candidate]:
-        """Nearest chunks by cosine distance through the agent's own HNSW index.
+        """Nearest permitted chunks by cosine distance, through the agent's own HNSW index.
 
-        pgvector 0.6 filters after the index scan, so a selective filter can leave fewer than
-        ``limit`` rows; then an exact scan over the agent's rows answers instead.
+        The filters are applied during the index scan, which goes on (iteratively) past
+        rows they exclude; see `hnsw_session`. Tag filters: see EXACT_TAG_ROWS.
         """
         dim = int(dimension)
-        sql = f"""SELECT {_COLUMNS}, 1 - (c.embedding::vector({dim}) <=> $2) AS dense
-                    FROM chunks c JOIN pages p ON p.id = c.page_id
-                   WHERE {_FILTERS}
-                   ORDER BY c.embedding::vector({dim}) <=> $2
-                   LIMIT $7"""
+        distance = f"c.embedding::halfvec({dim}) <=> $2"
         args = (*self._args(agent_id, vector, filters), limit)
-        ef_search = min(_MAX_EF_SEARCH, max(_MIN_EF_SEARCH, 2 * limit))
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
-            rows = await conn.fetch(sql, *args)
-            if len(rows) < limit and await _has_more(conn, agent_id, len(rows)):
-                await conn.execute("SET LOCAL enable_indexscan = off")
-                rows = await conn.fetch(sql, *args)
-        return [_candidate(r) for r in rows]
+        if not filters.include_tags:
+            sql = f"""SELECT {_COLUMNS}, 1 - ({distance}) AS dense
+                        FROM chunks c JOIN pages p ON p.id = c.page_id
+                       WHERE {_FILTERS}
+                       ORDER BY {distance}
+                       LIMIT $7"""
+        else:
+            # Only the branch the estimate picks runs. "+ 0" keeps the exact branch off the
+            # HNSW index: it sorts the rows the tags index found.
+            sql = f"""WITH tagged AS (
+                          SELECT coalesce(sum(e.share), 0) * n.chunks AS expected
+                            FROM ({_AGENT_CHUNKS}) n
+                            LEFT JOIN ({_TAG_SHARES}) e ON e.tag = ANY($4::text[])
+                           GROUP BY n.chunks
+                      )
+                      (SELECT {_COLUMNS}, 1 - ({distance}) AS dense
+                         FROM chunks c JOIN pages p ON p.id = c.page_id
+                        WHERE {_FILTERS}
+                          AND (SELECT expected FROM tagged) <= {EXACT_TAG_ROWS}
+                        ORDER BY ({distance}) + 0
+                        LIMIT $7)
+                      UNION ALL
+                      (SELECT {_COLUMNS}, 1 - ({distance}) AS dense
+                         FROM chunks c JOIN pages p ON p.id = c.page_id
+                        WHERE {_FILTERS}
+                          AND (SELECT expected FROM tagged) > {EXACT_TAG_ROWS}
+                        ORDER BY {distance}
+                        LIMIT $7 * {TAG_OVERFETCH})"""
+        rows = await self._pool.fetch(sql, *args)
+        # Relaxed order: a row found by a later round of the iterative scan may come before
+        # a nearer one from an earlier round.
+        found = sorted((_candidate(r) for r in rows), key=lambda c: c.dense, reverse=True)
+        return found[:limit]
 
     async def lexical(
         self,
@@ -127,24 +186,40 @@ class ChunkSearch:
         """Chunks sharing any stemmed word with the query, ranked by cover density.
 
         The words are OR-ed: visitors' questions are full sentences that no chunk matches
-        word for word. The dense similarity is computed too, so fusion compares like with like.
+        word for word. Only the words that are not common bring in candidates (see
+        LEXICAL_BUDGET), and only the best-ranked candidates are read whole: their page, and
+        their dense similarity, so fusion compares like with like.
         Each row also says how exactly the query is one of the chunk's headings or sentences:
         a question typed as it stands in an FAQ or a heading is its own best evidence, which
         the rank over the whole chunk does not show (a long chunk that repeats one of the
         words ranks as high).
         """
         dim = int(dimension)
-        sql = f"""WITH q AS (
+        sql = f"""WITH words AS (
+                      SELECT w.lexeme, coalesce(s.share, 0) * n.chunks AS expected
+                        FROM unnest(to_tsvector(parley_ts_config($8), $9)) w
+                        CROSS JOIN ({_AGENT_CHUNKS}) n
+                        LEFT JOIN ({_LEXEME_SHARES}) s ON s.lexeme = w.lexeme
+                  ), q AS (
                       SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery AS query,
+                             coalesce(
+                               string_agg(quote_literal(lexeme), ' | ')
+                                 FILTER (WHERE expected <= {LEXICAL_BUDGET}),
+                               string_agg(quote_literal(lexeme), ' & '))::tsquery AS candidates,
                              array_agg(lexeme) AS lexemes
-                        FROM unnest(to_tsvector(parley_ts_config($8), $9))
-                  ), hits AS (
-                      SELECT {_COLUMNS}, 1 - (c.embedding::vector({dim}) <=> $2) AS dense,
-                             ts_rank_cd(c.tsv, q.query, 32) AS lexical
-                        FROM q, chunks c JOIN pages p ON p.id = c.page_id
-                       WHERE {_FILTERS} AND c.tsv @@ q.query
+                        FROM words
+                  ), ranked AS (
+                      SELECT m.id, ts_rank_cd(m.tsv, q.query, 32) AS lexical
+                        FROM q, LATERAL (
+                          SELECT c.id, c.tsv FROM chunks c
+                           WHERE {_FILTERS} AND c.tsv @@ q.candidates
+                           LIMIT {LEXICAL_CAP}) m
                        ORDER BY lexical DESC
                        LIMIT $7
+                  ), hits AS (
+                      SELECT {_COLUMNS}, 1 - (c.embedding::halfvec({dim}) <=> $2) AS dense,
+                             r.lexical
+                        FROM ranked r JOIN chunks c ON c.id = r.id JOIN pages p ON p.id = c.page_id
                   )
                   SELECT h.*, coalesce(e.exactness, 0) AS exactness
                     FROM hits h CROSS JOIN q
@@ -206,12 +281,3 @@ class ChunkSearch:
             agent_id,
         )
         return {r["language"] for r in rows}
-
-
-async def _has_more(conn: Connection, agent_id: int, found: int) -> bool:
-    more: bool = await conn.fetchval(
-        "SELECT count(*) > $2 FROM (SELECT 1 FROM chunks WHERE agent_id = $1 LIMIT $2 + 1) s",
-        agent_id,
-        found,
-    )
-    return more

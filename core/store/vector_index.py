@@ -1,25 +1,60 @@
 """Each agent's HNSW index, built for the vector size of the embedder its content came from.
 
-The `chunks.embedding` column has no fixed size, so agents on different embedders can live in
-one table; each agent gets a partial index on ``(embedding::vector(N))`` restricted to its own
-rows (pgvector's documented pattern). That also keeps an agent's ANN search from being diluted
-by other agents' rows.
+The `chunks.embedding` column (halfvec) has no fixed size, so agents on different embedders can
+live in one table; each agent gets a partial index on ``(embedding::halfvec(N))`` restricted to
+its own rows (pgvector's documented pattern). That also keeps an agent's ANN search from being
+diluted by other agents' rows.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core.errors import EmbedderMismatch
 from core.ports import Embedder
-from core.store.database import Connection
+
+if TYPE_CHECKING:
+    # Only for annotations: core.store.database imports this module for hnsw_session.
+    from core.store.database import Connection
 
 log = logging.getLogger(__name__)
 
-# HNSW build parameters; see bench/retrieval.py for the recall they give.
+# HNSW build parameters (migration 0023 builds with the same); see bench/retrieval.py for the
+# recall they give and what larger ones cost.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
+INDEX_PREFIX = "chunks_embedding_agent_"
+
+# HNSW search settings, set once per connection (see `hnsw_session`) so that an ANN query is a
+# single round trip. ef_search is the candidate list of one graph search: on a million
+# clustered 512-dimension chunks (bench/retrieval.py) recall@10 is 0.92 at 200 and 0.96 at 400,
+# for twice the time. Filters (visibility, tags, language folder) are checked as
+# the scan goes; when they leave fewer rows than asked, the iterative scan searches on
+# (results in relaxed order, which ChunkSearch.dense re-sorts) until the LIMIT is met or
+# MAX_SCAN_TUPLES index entries were looked at, so a filter that leaves few rows still gets
+# its nearest permitted chunks, at a bounded cost.
+EF_SEARCH = 400
+MAX_SCAN_TUPLES = 40_000
+
+
+def hnsw_session(
+    ef_search: int = EF_SEARCH, max_scan_tuples: int = MAX_SCAN_TUPLES
+) -> dict[str, str]:
+    """The pgvector settings every pooled connection starts with."""
+    return {
+        "hnsw.ef_search": str(int(ef_search)),
+        "hnsw.iterative_scan": "relaxed_order",
+        "hnsw.max_scan_tuples": str(int(max_scan_tuples)),
+    }
+
+
+# pgvector builds fastest with the whole graph in maintenance_work_mem; above that it goes on
+# on disk, several times slower. The build asks for what the agent's graph needs, up to this,
+# where the server allows less.
+BUILD_MEMORY_LIMIT = 2 * 1024**3
+_MEMORY_UNIT = 1024**2
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +70,61 @@ class EmbedderIdentity:
 
 
 def index_name(agent_id: int) -> str:
-    return f"chunks_embedding_agent_{int(agent_id)}"
+    return f"{INDEX_PREFIX}{int(agent_id)}"
 
 
-async def bind_embedder(conn: Connection, agent_id: int, embedder: EmbedderIdentity) -> None:
+@dataclass(frozen=True, slots=True)
+class BuildProgress:
+    """Where a running CREATE INDEX is (pg_stat_progress_create_index)."""
+
+    phase: str
+    blocks_done: int
+    blocks_total: int
+    tuples_done: int
+    tuples_total: int
+
+    def __str__(self) -> str:
+        blocks = f"{self.blocks_done:,} / {self.blocks_total:,} blocks"
+        if self.blocks_total:
+            blocks += f" ({100 * self.blocks_done / self.blocks_total:.0f}%)"
+        tuples = f"{self.tuples_done:,}"
+        if self.tuples_total:
+            tuples += f" / {self.tuples_total:,}"
+        return f"{self.phase}: {blocks}, {tuples} tuples"
+
+
+async def build_progress(conn: Connection, pid: int) -> BuildProgress | None:
+    """The progress of the index build running in backend ``pid``, None when there is none."""
+    row = await conn.fetchrow(
+        """SELECT phase, blocks_done, blocks_total, tuples_done, tuples_total
+             FROM pg_stat_progress_create_index WHERE pid = $1""",
+        pid,
+    )
+    return None if row is None else BuildProgress(**dict(row))
+
+
+def graph_bytes(rows: int, dimension: int, m: int = HNSW_M) -> int:
+    """About what pgvector's in-memory HNSW graph takes for ``rows`` vectors of a dimension:
+    the half-precision vector, the neighbour lists of its layers and their headers (a build
+    of 512-dimension vectors with m=16 outgrew 2 GB after 0.92 million: 2.3 KB each)."""
+    return int(rows) * (2 * int(dimension) + 8 + 48 * int(m) + 500)
+
+
+@dataclass(frozen=True, slots=True)
+class HnswBuild:
+    """How an agent's index is built (the defaults everywhere but in bench/retrieval.py)."""
+
+    m: int = HNSW_M
+    ef_construction: int = HNSW_EF_CONSTRUCTION
+    memory_limit: int = BUILD_MEMORY_LIMIT
+
+
+async def bind_embedder(
+    conn: Connection,
+    agent_id: int,
+    embedder: EmbedderIdentity,
+    build: HnswBuild = HnswBuild(),
+) -> None:
     """Record the agent's embedder and (re)build its vector index for that size.
 
     The caller makes sure the agent's chunks (if any) are of that size, as rebuild-index does.
@@ -53,13 +139,27 @@ async def bind_embedder(conn: Connection, agent_id: int, embedder: EmbedderIdent
             dim,
         )
         await conn.execute(f"DROP INDEX IF EXISTS {name}")
+        await _build_memory(conn, agent_id, dim, build)
         # Identifiers and sizes are integers we made, never user text.
         await conn.execute(
             f"CREATE INDEX {name} ON chunks "
-            f"USING hnsw ((embedding::vector({dim})) vector_cosine_ops) "
-            f"WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION}) "
+            f"USING hnsw ((embedding::halfvec({dim})) halfvec_cosine_ops) "
+            f"WITH (m = {int(build.m)}, ef_construction = {int(build.ef_construction)}) "
             f"WHERE agent_id = {int(agent_id)}"
         )
+
+
+async def _build_memory(conn: Connection, agent_id: int, dimension: int, build: HnswBuild) -> None:
+    """Raise maintenance_work_mem for this transaction to what the graph needs (see
+    BUILD_MEMORY_LIMIT); a server set higher keeps its own."""
+    rows = await conn.fetchval("SELECT count(*) FROM chunks WHERE agent_id = $1", agent_id)
+    current = await conn.fetchval(
+        "SELECT setting::bigint * 1024 FROM pg_settings WHERE name = 'maintenance_work_mem'"
+    )
+    wanted = min(build.memory_limit, graph_bytes(rows, dimension, build.m))
+    if wanted > current:
+        megabytes = -(-wanted // _MEMORY_UNIT)
+        await conn.execute(f"SET LOCAL maintenance_work_mem = '{int(megabytes)}MB'")
 
 
 async def check_embedders(conn: Connection, embedder: EmbedderIdentity) -> None:

@@ -10,10 +10,11 @@ from typing import TextIO
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from core.errors import InvalidInput
-from core.knowledge.ingest import Ingestor, IngestProgress, IngestReport
+from core.knowledge.ingest import Ingestor, IngestProgress, IngestReport, fill_piece_vectors
 from core.knowledge.sources import SourceSpec, parse_source
 from core.store import Agents
 from core.store.knowledge import KnowledgeStore, SourceRecord, reembed_agent
+from core.store.piece_vectors import PieceVectors
 from core.store.vector_index import EmbedderIdentity
 from core.tags import normalise_tags
 from gateway.runtime import Runtime
@@ -210,6 +211,18 @@ async def rebuild_index(args: argparse.Namespace, runtime: Runtime) -> int:
         f"re-embedded {done} chunks of {agent.slug} with {identity.name} "
         f"({identity.dimension} dimensions)"
     )
+    # The quotable pieces too, so that no turn has to encode them (this also fills in the
+    # pages indexed before their pieces' vectors were stored).
+    store = KnowledgeStore(runtime.database.pool)
+    with _bar(len(await store.stored_pages(agent.id)), "page") as bar:
+        pieces = await fill_piece_vectors(
+            store,
+            PieceVectors(runtime.database.pool),
+            runtime.embedder,
+            agent.id,
+            on_batch=bar.update,
+        )
+    print(f"embedded {pieces} quotable pieces the extractive answers read")
     return 0
 
 

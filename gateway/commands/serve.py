@@ -22,14 +22,12 @@ from core.store import Agents
 from core.store.knowledge import KnowledgeStore
 from core.store.vector_index import EmbedderIdentity
 from gateway.access_log import AccessLogger
-from gateway.app import create_app
+from gateway.app import create_app, shutdown_grace
 from gateway.demo import DEMO_SITE, DemoSite
 from gateway.runtime import open_runtime
 
 log = logging.getLogger(__name__)
 
-# Seconds in-flight requests (streams included) get to finish after SIGTERM.
-SHUTDOWN_GRACE = 15.0
 DEMO_AGENT = "demo"
 
 
@@ -157,7 +155,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> None:
         create_app(settings, demo, background=not args.no_workers),
         sock=sock,
         print=None,
-        shutdown_timeout=SHUTDOWN_GRACE,
+        shutdown_timeout=shutdown_grace(settings),
         access_log_class=AccessLogger,
     )
     log.info("gateway.stopped")

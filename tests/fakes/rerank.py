@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,8 @@ class FakeReranker:
     style: str = "tei"  # or "jina"
     status: int = 200
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # While set and not yet released, every request waits for it (a slow reranker).
+    hold: asyncio.Event | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -23,6 +26,8 @@ class FakeReranker:
     async def _rerank(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
+        if self.hold is not None:
+            await self.hold.wait()
         if self.status != 200:
             return web.json_response({"error": "overloaded"}, status=self.status)
         texts = body["texts"] if self.style == "tei" else body["documents"]

@@ -134,7 +134,7 @@ def test_embedded_postgres_starts_is_reused_and_stops(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     assert f"database is at migration {LATEST:04d} (embedded PostgreSQL)" in first.stdout
     pgdata = data / "postgres"
-    assert (pgdata / "PG_VERSION").read_text().startswith("16")
+    assert (pgdata / "PG_VERSION").read_text().startswith("18")
     assert not _postgres_running_in(pgdata)  # stopped cleanly on exit
 
     created = run_parley(
@@ -168,7 +168,7 @@ def test_the_last_process_stops_the_embedded_postgres_after_another_was_killed(
             raise AssertionError("the worker never said it started")
         killed.kill()  # SIGKILL: no chance to take itself off the server's list of users
         killed.wait(timeout=30)
-        assert _postgres_running_in(pgdata)  # left behind, still in use as far as pgserver knows
+        assert _postgres_running_in(pgdata)  # left behind, still in use as far as its package knows
         assert killed.pid in json.loads((pgdata / USERS_FILE).read_text())
 
         # The next process reuses the server, and as the last one left it stops it.

@@ -186,6 +186,15 @@ async def test_whatsapp_taken_over_stays_quiet_and_gets_the_staff_reply(site: Si
     await wait_until(lambda: _count(site.twilio.messages, 2))
     staff = site.twilio.messages[1]
     assert (staff["to"], staff["body"]) == (VISITOR, "Hi, Anna here. How can I help?")
+
+    # Twilio has the message before its answer (the sid) is written back to the outbox.
+    async def recorded() -> bool:
+        status = await site.database.pool.fetchval(
+            "SELECT status FROM outbox WHERE message_id = $1", message_id
+        )
+        return status != "sending"
+
+    await wait_until(recorded)
     row = await site.database.pool.fetchrow(
         "SELECT status, provider_message_id FROM outbox WHERE message_id = $1", message_id
     )

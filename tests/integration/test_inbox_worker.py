@@ -385,7 +385,7 @@ async def test_a_long_reply_goes_out_in_ordered_parts_within_the_limit(
     assert [r.part for r in rows] == list(range(len(bodies)))
 
 
-async def test_a_worker_cancelled_mid_turn_is_replaced_after_its_lease(
+async def test_a_worker_stopped_mid_turn_gives_its_messages_back_at_once(
     rig: Rig, running: Running, settings: Settings, cache: RedisCache, use_embedder: UseEmbedder
 ) -> None:
     curated = CuratedAnswers(rig.database.pool)
@@ -394,8 +394,9 @@ async def test_a_worker_cancelled_mid_turn_is_replaced_after_its_lease(
     await rig.whatsapp(ALICE, "Where do you ship?")
     async with aiohttp.ClientSession() as session:
         slow = make_pipeline(settings, rig.database, cache, use_embedder, session, pace_seconds=0.1)
+        # A lease far longer than the test: the next worker must not have to wait for it.
         doomed = InboxWorker(
-            rig.database.pool, slow, burst_window=0.1, lease=1.0, poll_interval=0.05
+            rig.database.pool, slow, burst_window=0.1, lease=600.0, poll_interval=0.05
         )
         first = asyncio.create_task(doomed.run())
 
@@ -407,15 +408,45 @@ async def test_a_worker_cancelled_mid_turn_is_replaced_after_its_lease(
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
-    assert await rig.statuses() == ["processing"]
+    assert await rig.statuses() == ["pending"]
     assert await rig.outbox.rows(rig.agent.id) == []
 
-    running.start(rig.worker(lease=1.0).run())
+    running.start(rig.worker(lease=600.0).run())
     running.start(rig.sender().run())
     await wait_until(rig.all_done)
     await wait_until(rig.outbox_settled)
     assert rig.twilio.bodies == [answer.strip()]
     assert len(await rig.outbox.rows(rig.agent.id)) == 1
+
+
+async def test_a_stopping_worker_finishes_its_turns_within_the_grace_and_claims_no_more(
+    rig: Rig, running: Running, settings: Settings, cache: RedisCache, use_embedder: UseEmbedder
+) -> None:
+    curated = CuratedAnswers(rig.database.pool)
+    answer = "We ship to Belgium, the Netherlands and Germany. " * 10
+    await curated.create(rig.agent.id, answer.strip(), keywords=("ship",))
+    await rig.whatsapp(ALICE, "Where do you ship?")
+    async with aiohttp.ClientSession() as session:
+        slow = make_pipeline(settings, rig.database, cache, use_embedder, session, pace_seconds=0.1)
+        stopping = InboxWorker(
+            rig.database.pool, slow, burst_window=0.1, lease=600.0, poll_interval=0.05,
+            grace=30.0, channels=BY_NAME,
+        )  # fmt: skip
+        task = asyncio.create_task(stopping.run())
+
+        async def processing() -> bool:
+            return await rig.statuses() == ["processing"]
+
+        await wait_until(processing)
+        # Alice's turn takes ~3 s at this pace; Bob writes as the worker is told to stop.
+        await rig.whatsapp(BOB, "Where do you ship?")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    # Alice's turn ran to its end and her reply is queued; Bob's message waits for a worker.
+    assert await rig.statuses() == ["done", "pending"]
+    [queued] = await rig.outbox.rows(rig.agent.id)
+    assert (queued.recipient, queued.body) == (ALICE, answer.strip())
 
 
 async def test_media_only_gets_the_text_only_reply(rig: Rig, running: Running) -> None:

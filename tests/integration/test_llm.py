@@ -9,6 +9,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from core.errors import ModelFailed, Unavailable
@@ -238,6 +239,39 @@ async def test_a_connection_dropped_mid_stream_is_unavailable(served: Served) ->
         await _read_into(model.stream(MESSAGES, max_tokens=50, temperature=0), received)
     await model.close()
     assert received == ["one", " two", " three"]
+
+
+@pytest.mark.parametrize(
+    ("second", "reason"),
+    [
+        (b'{"error": {"message": "overloaded", "type": "server_error"}}', "APIError"),
+        (b'{"choices": [{"index": 0, "delta": {"content": 42}}]}', "ValueError"),
+        (b'["not", "a", "chunk"]', "ValueError"),
+    ],
+)
+async def test_an_error_or_a_malformed_piece_mid_stream_fails_the_reply(
+    second: bytes, reason: str
+) -> None:
+    """What came before stays with the caller; what cannot be read is no reply."""
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n')
+        await response.write(b"data: " + second + b"\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    server = TestServer(app)
+    await server.start_server()
+    model = OpenAIChatModel("m", api_key=KEY, base_url=str(server.make_url("/v1")))
+    received: list[str] = []
+    with pytest.raises(ModelFailed, match=reason):
+        await _read_into(model.stream(MESSAGES, max_tokens=50, temperature=0), received)
+    await model.close()
+    await server.close()
+    assert received == ["Hi"]
 
 
 async def test_cancelling_mid_stream_closes_the_connection(served: Served) -> None:

@@ -14,6 +14,7 @@ import termios
 import time
 from pathlib import Path
 
+import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -189,6 +190,14 @@ async def test_switching_embedder_needs_rebuild_index(shop: Path, database_url: 
         code, out, err = await _parley("rebuild-index", "--agent", "shop", cwd=shop, **openai_env)
         assert code == 0, err
         assert "re-embedded 3 chunks of shop with openai:tiny-embedder (48 dimensions)" in out
+        # and the vectors of the pieces answers quote: all of the new embedder, none stale
+        conn = await asyncpg.connect(database_url)
+        try:
+            pieces = await conn.fetch("SELECT embedder, length(vector) AS size FROM piece_vectors")
+        finally:
+            await conn.close()
+        assert pieces
+        assert {(p["embedder"], p["size"]) for p in pieces} == {("openai:tiny-embedder", 2 * 48)}
 
         code, out, err = await _parley(
             "search",

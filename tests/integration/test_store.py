@@ -162,14 +162,14 @@ async def test_each_agent_has_an_hnsw_index_the_planner_uses(database: Database)
             "SELECT indexdef FROM pg_indexes WHERE indexname = $1", index_name(shop.id)
         )
         assert "hnsw" in indexdef
-        assert "vector(512)" in indexdef
+        assert "halfvec(512)" in indexdef
         assert f"agent_id = {shop.id}" in indexdef
         await conn.execute("SET enable_seqscan = off")
         plan = "\n".join(
             r[0]
             for r in await conn.fetch(
                 "EXPLAIN SELECT id FROM chunks WHERE agent_id = $1 "
-                "ORDER BY embedding::vector(512) <=> $2 LIMIT 5",
+                "ORDER BY embedding::halfvec(512) <=> $2 LIMIT 5",
                 shop.id,
                 rng.normal(size=512).astype(np.float32),
             )
@@ -202,4 +202,4 @@ async def test_embedder_change_with_stored_vectors_refuses_to_start(database: Da
     indexdef = await database.pool.fetchval(
         "SELECT indexdef FROM pg_indexes WHERE indexname = $1", index_name(empty.id)
     )
-    assert "vector(1536)" in indexdef
+    assert "halfvec(1536)" in indexdef

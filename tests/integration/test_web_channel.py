@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from aiohttp.test_utils import TestServer
+from httpx_sse import aconnect_sse
 
 from core.knowledge.ingest import Ingestor
 from core.knowledge.sources import parse_source
@@ -20,6 +22,8 @@ from core.store.api_keys import ApiKeys
 from core.store.knowledge import KnowledgeStore
 from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
+from tests.conftest import MakeSettings
+from tests.fakes.rerank import FakeReranker
 from tests.support.sse import chat
 
 PAGES = [
@@ -102,6 +106,42 @@ async def test_a_turn_streams_events_in_order_and_is_saved(shop: Shop) -> None:
     assert trace["query"] == "How long does delivery to Belgium take?"
     assert {"rewrite", "retrieve", "generate", "total"} <= set(trace["timings_ms"])
     assert await shop.database.pool.fetchval("SELECT turns FROM usage WHERE channel = 'web'") == 1
+
+
+async def test_the_visitor_sees_the_search_begin_before_it_ends(
+    make_settings: MakeSettings, database: Database, use_embedder: UseEmbedder, tmp_path: Path
+) -> None:
+    """The first event says "searching" while the search is still running: here its reranker
+    holds every request until the visitor has that event, so the turn could not go on
+    without it."""
+    release = asyncio.Event()
+    reranker = FakeReranker("Belgium", hold=release)
+    ranking = TestServer(reranker.app())
+    await ranking.start_server()
+    agent = await _prepare(database, use_embedder, tmp_path)
+    settings = make_settings(rerank_url=str(ranking.make_url("/rerank")))
+    server = TestServer(create_app(settings))
+    await server.start_server()
+    body = {"message": "How long does delivery to Belgium take?", "session_id": "session-0001"}
+    try:
+        async with (
+            httpx.AsyncClient(base_url=str(server.make_url("/")), timeout=60) as client,
+            aconnect_sse(client, "POST", "/api/v1/agents/shop/chat", json=body,
+                         headers={"X-Parley-Key": agent.widget_key}) as source,
+        ):  # fmt: skip
+            events = source.aiter_sse()
+            first = await anext(events)
+            assert (first.event, json.loads(first.data)) == ("status", {"step": "searching"})
+            release.set()
+            rest = [(e.event, json.loads(e.data)) async for e in events]
+    finally:
+        await server.close()
+        await ranking.close()
+    # The search had the reranker to wait for.
+    assert reranker.requests[0]["query"] == "How long does delivery to Belgium take?"
+    assert [d["step"] for k, d in rest if k == "status"] == ["reading", "answering"]
+    assert rest[-1][0] == "done"
+    assert "2-3 working days" in rest[-1][1]["answer"]
 
 
 async def test_an_unanswerable_question_is_a_content_gap(shop: Shop) -> None:

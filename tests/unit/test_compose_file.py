@@ -147,7 +147,9 @@ def test_the_build_and_the_images(services: dict[str, dict[str, Any]]) -> None:
     context = (DOCKER / build["context"]).resolve()
     assert context == ROOT
     assert (context / build["dockerfile"]).is_file()
-    assert services["postgres"]["image"] == "pgvector/pgvector:pg16"
+    # pgvector 0.8 or newer (core/store/migrate.py refuses older), PostgreSQL 18 as embedded
+    assert services["postgres"]["image"] == "pgvector/pgvector:pg18"
+    assert services["postgres"]["volumes"] == ["postgres18:/var/lib/postgresql"]
     assert services["redis"]["image"].startswith("redis:")
     for name in APP:
         environment = services[name]["environment"]

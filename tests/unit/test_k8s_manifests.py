@@ -12,8 +12,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from core.settings import Settings
+from gateway.app import shutdown_grace
 from gateway.cli import _parser
-from gateway.commands.serve import SHUTDOWN_GRACE
+from gateway.worker import stop_grace
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "docker" / "k8s"
@@ -85,13 +87,34 @@ def test_gateways_and_workers_scale_are_probed_and_stop_gracefully() -> None:
     assert [p["name"] for p in container["ports"]] == ["http"]
     pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     # Killed only after the pause out of the Service and the gateway's own grace for the
-    # requests and streams in flight.
-    assert gateway["terminationGracePeriodSeconds"] > pause + SHUTDOWN_GRACE
+    # requests and streams in flight: the slowest turn the manifests' settings allow.
+    settings = _manifest_settings()
+    assert settings.llm_configured  # the grace a model's timeouts need, not the extractive one
+    assert gateway["terminationGracePeriodSeconds"] > pause + shutdown_grace(settings)
+    # A worker lets the turns it holds finish, and their replies go out: killed only after
+    # the slowest could.
+    worker = _named("Deployment", "parley-worker")["spec"]["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] > stop_grace(settings)
     service = _named("Service", "parley-gateway")
     assert service["spec"]["selector"].items() <= (
         _named("Deployment", "parley-gateway")["spec"]["template"]["metadata"]["labels"].items()
     )
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+
+
+def _manifest_settings() -> Settings:
+    """The settings the manifests give every process, as far as they bear on how long a turn
+    may take: the ConfigMap's, and whether the Secret configures a model (its values are
+    placeholders)."""
+    config = dict(_named("ConfigMap", "parley-config")["data"])
+    secrets = _named("Secret", "parley-secrets")["stringData"]
+    names = {
+        f"PARLEY_{name.upper()}": name for name in Settings.model_fields if name != "llm_api_key"
+    }
+    values: dict[str, Any] = {names[k]: v for k, v in config.items() if k in names}
+    if "PARLEY_LLM_API_KEY" in secrets or "OPENAI_API_KEY" in secrets:
+        values["llm_api_key"] = "sk-placeholder"
+    return Settings(_env_file=None, **values)
 
 
 def test_every_process_runs_a_parley_command_with_its_secrets_from_a_secret() -> None:

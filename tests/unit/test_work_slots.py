@@ -104,3 +104,18 @@ async def test_a_waiter_cancelled_after_being_handed_a_slot_passes_it_on() -> No
     slot = await asyncio.wait_for(second, 1)
     assert slot.held
     assert slots.in_use == 1
+
+
+async def test_no_new_turn_starts_while_more_urgent_work_waits() -> None:
+    urgent = [False]
+    slots = WorkSlots(2, defer=lambda: urgent[0])
+    begun = slots.try_take()
+    assert begun is not None
+    urgent[0] = True  # say, webhooks of this process waiting to be acknowledged
+    assert slots.try_take() is None
+    # A turn already begun carries on: it gets its slot back after waiting on the model.
+    begun.give_back()
+    await asyncio.wait_for(begun.take_back(), 1)
+    assert begun.held
+    urgent[0] = False
+    assert slots.try_take() is not None
