@@ -163,17 +163,23 @@ def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
             worker.wait(10)
 
 
-async def _until_answered(pool: asyncpg.Pool, total: int, within: float) -> list[float]:
-    """Loop times at which the answered count reached each tenth of ``total`` (from the
-    count before the backlog); raises when it does not get there in time."""
+async def _until_answered(pool: asyncpg.Pool, start: int, total: int, within: float) -> list[float]:
+    """Loop times at which the answered count reached each tenth of ``total`` more than
+    ``start`` (the count before the backlog); raises when it does not get there in time."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     reached: list[float] = []
-    start = await _answered(pool)
     while len(reached) < 10:
         if loop.time() > deadline:
             done = await _answered(pool) - start
-            raise RuntimeError(f"only {done} of {total} answered within {within:g} s")
+            rows = await pool.fetch(
+                "SELECT status, count(*) AS n, max(left(error, 200)) AS error FROM inbox "
+                "GROUP BY status"
+            )
+            states = "; ".join(f"{r['status']} {r['n']} ({r['error']})" for r in rows)
+            raise RuntimeError(
+                f"only {done} of {total} answered within {within:g} s; inbox: {states}"
+            )
         done = await _answered(pool) - start
         while len(reached) < 10 and done >= total * (len(reached) + 1) / 10:
             reached.append(loop.time())
@@ -199,8 +205,9 @@ async def measure(
         await _fire(target, requests, WARM_UP * count, 50)
         await _until_answered_count(pool, before + WARM_UP * count, 120)
         used = cpu.used(workers)
+        start = await _answered(pool)  # the workers answer as the backlog comes in
         acked = await _fire(target, requests, args.messages, args.rate)
-        reached = await _until_answered(pool, acked, args.within)
+        reached = await _until_answered(pool, start, acked, args.within)
         after = cpu.used(workers)
     finally:
         await asyncio.to_thread(_stop, workers)
