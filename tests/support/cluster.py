@@ -8,17 +8,10 @@ their signatures cover (``PARLEY_PUBLIC_URL``), and ``workers`` `parley worker` 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import aiohttp
-import asyncpg
-
-from tests.support.faults import AGENT, HOST, PAGES, Process, Rig, _Fakes
+from tests.support.faults import HOST, Process, Rig
 from tests.support.proxy import RoundRobinProxy
 from tests.support.services import RedisServer, free_port
 
@@ -42,16 +35,7 @@ class Cluster(Rig):
         self.worker_count = workers
         self.proxy = RoundRobinProxy([f"http://{HOST}:{port}" for port in self.gateway_ports])
 
-    async def _start(self) -> None:
-        self.fakes = _Fakes()
-        await self.fakes.start()
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-        self._pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2)
-        await self._cli("agent", "create", AGENT)
-        pages = self.workdir / "pages.jsonl"
-        pages.write_text("\n".join(json.dumps(p) for p in PAGES), encoding="utf-8")
-        await self._cli("ingest", "--agent", AGENT, str(pages))
-        self._watcher = asyncio.create_task(self._watch())
+    async def _launch(self) -> None:
         for number, port in enumerate(self.gateway_ports, 1):
             env = self.env | {"PARLEY_PORT": str(port)}
             self.gateways.append(
@@ -64,26 +48,6 @@ class Cluster(Rig):
         for worker in self.workers:
             await self._started(worker)
         await self.proxy.start(HOST, self.port)
-
-    async def _ready(self, process: Process, url: str) -> None:
-        assert self._http is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if not process.alive():
-                raise RuntimeError(f"{process.name} exited:\n{process.tail()}")
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with self._http.get(url) as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"{process.name} was not ready in 120 s:\n{process.tail()}")
-
-    async def _started(self, worker: Process) -> None:
-        deadline = time.monotonic() + 120
-        while worker.said("worker.started") == 0:
-            if not worker.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"{worker.name} did not start:\n{worker.tail()}")
-            await asyncio.sleep(0.1)
 
     async def outbox_attempts(self) -> set[int]:
         """The numbers of attempts the replies took (a claim is an attempt)."""

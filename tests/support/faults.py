@@ -310,6 +310,7 @@ class Process:
         self.name = name
         self.log = workdir / f"{name}.log"
         with self.log.open("ab") as out:
+            self._log_start = out.tell()  # where this process's own lines begin
             self.popen = subprocess.Popen(
                 [PARLEY, *args],
                 cwd=workdir,
@@ -326,6 +327,13 @@ class Process:
         """How many times its log (of every process of this name so far) says ``text``."""
         with contextlib.suppress(OSError):
             return self.log.read_text(errors="replace").count(text)
+        return 0
+
+    def said_since_start(self, text: str) -> int:
+        """How many times this process (not an earlier one of its name) says ``text``."""
+        with contextlib.suppress(OSError), self.log.open("rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace").count(text)
         return 0
 
     def tail(self, lines: int = 25) -> str:
@@ -456,6 +464,11 @@ class Rig:
         return self._fakes.twilio
 
     async def _start(self) -> None:
+        await self._prepare()
+        await self._launch()
+
+    async def _prepare(self) -> None:
+        """The fakes, the agent and its pages, and the watcher: all but Parley's processes."""
         self.fakes = _Fakes()
         await self.fakes.start()
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
@@ -468,6 +481,9 @@ class Rig:
             "SELECT widget_key FROM agents WHERE slug = $1", AGENT
         )
         self._watcher = asyncio.create_task(self._watch())
+
+    async def _launch(self) -> None:
+        """One gateway answering with its in-process workers, and one `parley worker`."""
         await asyncio.gather(self.start_gateway(), self.start_worker())
 
     async def _close(self) -> None:
@@ -500,31 +516,37 @@ class Rig:
     async def start_gateway(self) -> None:
         """`parley serve --no-workers`, once it answers /readyz."""
         self.gateway = Process("serve", ["serve", "--no-workers"], self.env, self.workdir)
-        assert self._http is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if not self.gateway.alive():
-                raise RuntimeError(f"parley serve exited:\n{self.gateway.tail()}")
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with self._http.get(f"{self.url}/readyz") as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"parley serve was not ready in 120 s:\n{self.gateway.tail()}")
+        await self._ready(self.gateway, f"{self.url}/readyz")
 
     async def start_worker(self) -> None:
         """`parley worker`, once it says it started."""
-        self.worker = worker = Process("worker", ["worker"], self.env, self.workdir)
-        # Its log is appended to: count the lines of earlier workers.
-        before = worker.said("worker.started")
+        self.worker = Process("worker", ["worker"], self.env, self.workdir)
+        await self._started(self.worker)
+
+    async def _ready(self, process: Process, url: str) -> None:
+        """Wait until ``url`` answers 200, or fail with the process's last lines."""
+        assert self._http is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise RuntimeError(f"{process.name} exited:\n{process.tail()}")
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                async with self._http.get(url) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"{process.name} was not ready in 120 s:\n{process.tail()}")
+
+    async def _started(self, worker: Process) -> None:
+        """Wait until a worker logs that it started."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if not worker.alive():
-                raise RuntimeError(f"parley worker exited:\n{worker.tail()}")
-            if worker.said("worker.started") > before:
+                raise RuntimeError(f"{worker.name} exited:\n{worker.tail()}")
+            if worker.said_since_start("worker.started"):
                 return
             await asyncio.sleep(0.1)
-        raise RuntimeError(f"parley worker did not start in 120 s:\n{worker.tail()}")
+        raise RuntimeError(f"{worker.name} did not start in 120 s:\n{worker.tail()}")
 
     async def kill_worker(self) -> None:
         """SIGKILL the worker: its claims stay leased, a send it had begun stays 'sending'."""
