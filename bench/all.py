@@ -50,6 +50,9 @@ class Bench:
     title: str
     args: tuple[str, ...]
     quick: tuple[str, ...] = ()  # replaces args with --quick
+    # Loads once and runs its own query phases (`--runs N`): one process, profiled as it
+    # runs, since loading and indexing a million chunks takes most of an hour on two cores.
+    phases: bool = False
 
 
 BENCHES = (
@@ -125,6 +128,7 @@ BENCHES = (
         "Retrieval at a million chunks",
         ("-m", "bench.retrieval", "--n", "1000000"),
         ("-m", "bench.retrieval", "--n", "20000", "--queries", "50", "--recall-queries", "20"),
+        phases=True,
     ),
     Bench(
         "memory",
@@ -209,8 +213,10 @@ def figures_table(figures: dict[str, Figure]) -> list[str]:
     return lines
 
 
-def profile_summary(raw: str, top: int = 8) -> list[str]:
-    """Where the CPU went, per Python process, from py-spy's raw (collapsed) stacks."""
+def profile_summary(raw: str, top: int = 8, first: str = "python") -> list[str]:
+    """Where the CPU went, per Python process, from py-spy's raw (collapsed) stacks;
+    ``first`` names a process py-spy could not read the command line of (the one it
+    started itself, sampled from its first instant)."""
     own: dict[str, Counter[str]] = defaultdict(Counter)
     leaf: dict[str, Counter[str]] = defaultdict(Counter)
     totals: Counter[str] = Counter()
@@ -220,7 +226,8 @@ def profile_summary(raw: str, top: int = 8) -> list[str]:
             continue
         frames = stack.split(";")
         processes = [i for i, f in enumerate(frames) if f.startswith("process ")]
-        process = _process_name(frames[processes[-1]]) if processes else "python"
+        process = _process_name(frames[processes[-1]]) if processes else first
+        process = process or first
         python = frames[processes[-1] + 1 :] if processes else frames
         count = int(count_text)
         totals[process] += count
@@ -265,22 +272,61 @@ def _frame_name(frame: str) -> str:
     return f"{module}.{function}" if module else function
 
 
-def _profile(args: tuple[str, ...], log: Path) -> list[str]:
-    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+def _py_spy() -> str | None:
+    return shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+
+
+def _profile(args: tuple[str, ...], log: Path, figures: Path | None = None) -> list[str]:
+    """Run the benchmark once under py-spy and summarise where the CPU went; its figures go
+    to ``figures`` when given (else they are thrown away)."""
+    spy = _py_spy()
     if not spy:
         return ["- not profiled: py-spy is not installed"]
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "profile.txt"
-        figures = Path(tmp) / "figures.jsonl"
         command = [spy, "record", "--subprocesses", "--nonblocking", "--rate", "97",
                    "--format", "raw", "--output", str(raw), "--", sys.executable, *args]  # fmt: skip
-        env = {**os.environ, ENVIRONMENT: str(figures), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, ENVIRONMENT: str(figures or Path(tmp) / "figures.jsonl"),
+               "PYTHONUNBUFFERED": "1"}  # fmt: skip
         with log.open("w") as out:
-            subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                           check=False)  # fmt: skip
+            done = subprocess.run(command, cwd=ROOT, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, check=False)  # fmt: skip
+        if figures is not None and done.returncode != 0:
+            tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+            raise SystemExit(f"failed under py-spy (exit {done.returncode}); see {log}:\n{tail}")
         if not raw.exists():
             return [f"- not profiled: py-spy wrote nothing (see {log})"]
-        return profile_summary(raw.read_text())
+        first = args[1] if args[:1] == ("-m",) else Path(args[0]).name
+        return profile_summary(raw.read_text(), first=first)
+
+
+def _measure_phases(
+    bench: Bench, command: tuple[str, ...], logs: Path, *, profile: bool
+) -> list[str]:
+    """A benchmark that loads once and repeats its own phases: one run, under py-spy unless
+    told not to; each phase reports its figures, so the medians are over the phases."""
+    print(f"{bench.key}: one run of its own phases", flush=True)
+    figures, log = logs / f"{bench.key}.jsonl", logs / f"{bench.key}.log"
+    figures.unlink(missing_ok=True)
+    started = time.monotonic()
+    summary = _profile(command, log, figures) if profile and _py_spy() else None
+    if summary is None:
+        _run_once(bench, command, log, figures)
+    collected = _collect([figures] if figures.exists() else [])
+    if not collected:
+        raise SystemExit(f"{bench.key} reported no figures; see {log}")
+    lines = [
+        "",
+        f"### {bench.title}",
+        "",
+        f"`python {' '.join(command)}`: one run of {time.monotonic() - started:.0f} s, "
+        "loading once; the medians are over its query phases.",
+        "",
+        *figures_table(collected),
+    ]
+    if summary is not None:
+        lines += ["", "Where the CPU went (the same run, under py-spy):", "", *summary]
+    return lines
 
 
 def machine() -> list[str]:
@@ -346,6 +392,10 @@ def main() -> int:
     ]
     for bench in chosen:
         command = bench.quick if args.quick and bench.quick else bench.args
+        if bench.phases:
+            command = (*command, "--runs", str(runs))
+            section += _measure_phases(bench, command, args.logs, profile=not args.no_profile)
+            continue
         paths, seconds = [], []
         for number in range(1, runs + 1):
             print(f"{bench.key}: run {number} of {runs}", flush=True)

@@ -81,3 +81,35 @@ def test_a_profile_says_which_functions_held_the_cpu_in_each_process() -> None:
         "`retrieval.embedders.encode` 60%"
     )
     assert lines[3] == "- `bench.webhooks`: 40 samples on the CPU"
+
+
+def test_a_benchmark_with_its_own_phases_loads_once_and_gives_their_median(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    page = tmp_path / "PERFORMANCE.md"
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.all", "--quick", "--only", "retrieval", "--runs", "3",
+         "--no-profile", "--output", str(page), "--logs", str(logs)],
+        cwd=ROOT, env={**os.environ, "PARLEY_DATABASE_URL": postgres_url},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = [json.loads(line) for line in (logs / "retrieval.jsonl").read_text().splitlines()]
+    full = [f["value"] for f in figures if f["name"] == "full retrieve p50"]
+    assert len(full) == 3  # one per query phase, from a single load
+    assert sum(f["name"] == "load" for f in figures) == 1
+    text = page.read_text()
+    assert "--runs 3`: one run of" in text
+    row = next(line for line in text.splitlines() if line.startswith("| full retrieve p50 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1].split()[0]) == float(_rounded(statistics.median(full)))
+    assert cells[5] == "< 20.0 ms"
+
+
+def test_the_process_py_spy_started_is_named_by_its_command() -> None:
+    # py-spy cannot read the command line of the process it starts itself.
+    raw = 'process 3:"";run (bench/retrieval.py:4);fetch (/x/asyncpg/pool.py:9) 25'
+    assert profile_summary(raw, first="bench.retrieval")[0] == (
+        "- `bench.retrieval`: 25 samples on the CPU"
+    )
