@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 from collections import Counter
@@ -49,24 +47,24 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-import psutil
 from aiohttp import web
 from twilio.request_validator import RequestValidator
 
-from bench.webhooks import (
-    HOST,
-    TWILIO_FROM,
-    TWILIO_SID,
-    TWILIO_TOKEN,
+from bench.figures import record
+from bench.rig import (
+    CpuMeter,
     Processes,
-    _free_port,
-    _gateway_env,
-    _stop_postgres,
-    _tail,
-    _wait_ready,
+    free_port,
+    own_cpu,
+    postgres_cpu,
+    run_benchmark,
+    start_postgres,
+    tail,
+    tree_cpu,
+    wait_ready,
 )
+from bench.webhooks import HOST, TWILIO_FROM, TWILIO_SID, TWILIO_TOKEN, _gateway_env
 from core.settings import Settings
-from core.store.embedded import EmbeddedPostgres
 from gateway.demo import DEMO_SITE
 from tests.fakes.openai import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -297,9 +295,12 @@ async def run_setting(
     database_url: str,
 ) -> Figures:
     parley = str(Path(sys.executable).with_name("parley"))
-    port = _free_port()
+    port = free_port()
     env = _gateway_env(tmp / "data", port, fakes.twilio_url, fakes.telegram_url, fakes.model_url)
     env |= SETTINGS[name]
+    # Every customer's turn goes to the model: the customers ask the same few questions,
+    # which the answer cache would otherwise answer without it after the first.
+    env["PARLEY_ANSWER_CACHE"] = "false"
     if args.burst_window is not None:
         env["PARLEY_BURST_WINDOW_SECONDS"] = str(args.burst_window)
     if args.cpu_slots is not None and name == "new":
@@ -311,7 +312,7 @@ async def run_setting(
         processes.start([parley, "worker"], env, tmp, tmp / f"worker-{name}.log")
     gateway = processes.start(serve, env, tmp, log)
     base = f"http://{HOST}:{port}"
-    await _wait_ready(base, gateway, "parley serve", log)
+    await wait_ready(base, gateway, "parley serve", log)
     # Each setting has customers of its own.
     customers = Customers(base, first=1 + list(SETTINGS).index(name) * 1_000_000)
     connector = aiohttp.TCPConnector(limit=256)
@@ -327,7 +328,7 @@ async def run_setting(
             print(f"  ({name}: the warm-up was not answered within a minute)", flush=True)
         fakes.model.most_chats_in_flight = 0
         phase = Phase(name)
-        meter = CpuMeter(tmp, processes.pids())
+        meter = _cpu_meter(tmp / "data", processes.pids())
         await fire(session, customers, base, phase, args.rate, args.seconds)
     loop = asyncio.get_running_loop()
     fired = loop.time()
@@ -341,55 +342,19 @@ async def run_setting(
     phase.drained_in = last - fired
     processes.stop_all()
     if gateway.returncode not in (0, -15, None):
-        print(f"parley serve ({name}) ended with {gateway.returncode}:\n{_tail(log)}")
+        print(f"parley serve ({name}) ended with {gateway.returncode}:\n{tail(log)}")
     figures = _figures(phase, answers, fakes)
     figures.stages = await _stages(database_url, sorted(phase.acked))
     figures.cpu = cpu
     return figures
 
 
-class CpuMeter:
-    """CPU seconds used since it was made: by Parley's processes (and their children), by
-    the embedded PostgreSQL (its server and backends) and by this process."""
-
-    def __init__(self, tmp: Path, parley_pids: list[int]) -> None:
-        self._tmp = str(tmp)
-        self._parley = parley_pids
-        self._start = self._now()
-
-    def used(self) -> dict[str, float]:
-        now = self._now()
-        return {group: now[group] - self._start.get(group, 0.0) for group in now}
-
-    def _now(self) -> dict[str, float]:
-        groups = {"parley": _tree(self._parley), "postgres": _tree(self._postmasters())}
-        groups["bench"] = [psutil.Process()]
-        return {name: sum(_cpu(p) for p in procs) for name, procs in groups.items()}
-
-    def _postmasters(self) -> list[int]:
-        found = []
-        for process in psutil.process_iter(["name", "cmdline"]):
-            cmdline = " ".join(process.info["cmdline"] or [])
-            if process.info["name"] == "postgres" and self._tmp in cmdline:
-                found.append(process.pid)
-        return found
-
-
-def _tree(pids: list[int]) -> list[psutil.Process]:
-    found = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            parent = psutil.Process(pid)
-            found += [parent, *parent.children(recursive=True)]
-    return found
-
-
-def _cpu(process: psutil.Process) -> float:
-    try:
-        times = process.cpu_times()
-    except psutil.Error:
-        return 0.0  # ended since: its time is not counted
-    return float(times.user + times.system)
+def _cpu_meter(data_dir: Path, parley_pids: list[int]) -> CpuMeter:
+    """CPU seconds from now: Parley's processes (and their children), the embedded PostgreSQL
+    (its server and backends) and this process."""
+    return CpuMeter(
+        {"parley": tree_cpu(parley_pids), "postgres": postgres_cpu(data_dir), "bench": own_cpu}
+    )
 
 
 async def _stages(database_url: str, customers: list[str]) -> dict[str, float]:
@@ -505,6 +470,21 @@ def _report(results: list[Figures], args: argparse.Namespace) -> None:
                 f"\nold / new: median wait {old.p(50) / new.p(50):.1f}x, "
                 f"p99 {old.p(99) / new.p(99):.1f}x"
             )
+    _record(results, window + args.model_seconds)
+
+
+def _record(results: list[Figures], least_wait: float) -> None:
+    """The figures `bench.all` keeps: each setting's waits beside the least a wait can be
+    (the burst window and the model's answer time), and what was lost or doubled."""
+    for f in results:
+        if not f.waits:
+            continue
+        suffix = "" if f.name == "new" else f" ({f.name} settings)"
+        record(f"customer wait p50{suffix}", f.p(50), "s", floor=least_wait)
+        record(f"customer wait p99{suffix}", f.p(99), "s", floor=least_wait)
+        record(f"answers lost or doubled{suffix}", f.lost + f.doubled, "", aim=("<=", 0))
+        parley = 1000 * f.cpu.get("parley", 0.0) / max(f.answered, 1)
+        record(f"Parley CPU per answer{suffix}", parley, "ms")
 
 
 async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release: list[Any]) -> int:
@@ -515,13 +495,11 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
         flush=True,
     )
     data_dir = tmp / "data"
-    postgres = EmbeddedPostgres(data_dir)
-    release.append(postgres)
-    database_url = await postgres.start()
+    database_url = await start_postgres(data_dir, release)
     fakes = await start_fakes(args.model_seconds)
     release.extend(fakes.runners)
     parley = str(Path(sys.executable).with_name("parley"))
-    env = _gateway_env(data_dir, _free_port(), fakes.twilio_url, fakes.telegram_url, None)
+    env = _gateway_env(data_dir, free_port(), fakes.twilio_url, fakes.telegram_url, None)
     commands = [["agent", "create", AGENT]]
     if args.content == "shop":
         commands.append(["ingest", "--agent", AGENT, str(DEMO_SITE)])
@@ -547,31 +525,7 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
 
 
 def main(args: argparse.Namespace) -> int:
-    processes = Processes()
-    release: list[Any] = []
-    with tempfile.TemporaryDirectory(prefix="parley-bench-throughput-") as name:
-        tmp = Path(name)
-        tmp.chmod(0o755)  # the embedded server may run as another user (when we are root)
-
-        async def session() -> int:
-            try:
-                return await run(args, tmp, processes, release)
-            finally:
-                await asyncio.to_thread(processes.stop_all)
-                for resource in reversed(release):
-                    if isinstance(resource, web.AppRunner):
-                        with contextlib.suppress(Exception):
-                            await resource.cleanup()
-
-        try:
-            return asyncio.run(session())
-        except KeyboardInterrupt:
-            print("\ninterrupted", file=sys.stderr)
-            return 130
-        finally:
-            processes.stop_all()
-            for postgres in (r for r in release if isinstance(r, EmbeddedPostgres)):
-                _stop_postgres(postgres)
+    return run_benchmark("throughput", run, args)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import os
@@ -44,6 +43,7 @@ from httpx_sse import aconnect_sse
 
 from bench.figures import record
 from bench.retrieval import Corpus
+from bench.rig import CpuMeter, cpu_seconds, free_port, own_cpu, postgres_cpu
 from core.settings import Settings
 from core.store import Agents, open_database
 from core.store.vector_index import EmbedderIdentity, bind_embedder, index_name
@@ -168,14 +168,6 @@ async def start_fake_llm(ttft: float, rate: float, reply: str = REPLY) -> tuple[
     return runner, f"http://127.0.0.1:{port}"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def prepare_knowledge(data_dir: Path, chunks: int) -> None:
     """The demo agent with the sample shop and ``chunks`` synthetic chunks, in the embedded
     PostgreSQL at ``data_dir``; a directory prepared before with as many is used as it is."""
@@ -256,46 +248,25 @@ async def _load(pool: asyncpg.Pool, agent_id: int, corpus: Corpus) -> None:
     print()
 
 
-class CpuMeter:
-    """CPU seconds used since it was made: the gateway's event-loop thread, the whole gateway
-    process, the PostgreSQL serving ``data_dir`` and this process. Unlike latencies, these
-    hardly depend on what else the machine runs."""
-
-    def __init__(self, gateway: int, data_dir: Path) -> None:
-        self._gateway = psutil.Process(gateway)
-        self._data_dir = str(data_dir)
-        self._start = self._now()
-
-    def used(self) -> dict[str, float]:
-        now = self._now()
-        return {name: now[name] - self._start[name] for name in now}
-
-    def _now(self) -> dict[str, float]:
-        loop = sum(t.user_time + t.system_time for t in self._gateway.threads()
-                   if t.id == self._gateway.pid)  # fmt: skip
-        return {
-            "loop": loop,
-            "gateway": _cpu(self._gateway),
-            "postgres": sum(map(_cpu, self._postgres())),
-            "bench": _cpu(psutil.Process()),  # the visitors, the baseline and the fake LLM
+def _cpu_meter(gateway: int, data_dir: Path) -> CpuMeter:
+    """CPU seconds from now: the gateway's event-loop thread, the whole gateway process, the
+    PostgreSQL serving ``data_dir`` and this process. Unlike latencies, these hardly depend on
+    what else the machine runs."""
+    process = psutil.Process(gateway)
+    return CpuMeter(
+        {
+            "loop": lambda: _main_thread_cpu(process),
+            "gateway": lambda: cpu_seconds(process),
+            "postgres": postgres_cpu(data_dir),
+            "bench": own_cpu,  # the visitors, the baseline and the fake LLM
         }
-
-    def _postgres(self) -> list[psutil.Process]:
-        for process in psutil.process_iter(["name", "cmdline"]):
-            if process.info["name"] == "postgres" and self._data_dir in " ".join(
-                process.info["cmdline"] or []
-            ):
-                with contextlib.suppress(psutil.Error):
-                    return [process, *process.children(recursive=True)]
-        return []
+    )
 
 
-def _cpu(process: psutil.Process) -> float:
-    try:
-        times = process.cpu_times()
-    except psutil.Error:
-        return 0.0  # ended since: its time is not counted
-    return float(times.user + times.system)
+def _main_thread_cpu(process: psutil.Process) -> float:
+    """CPU seconds of a process's main thread, where its event loop runs."""
+    main = (t for t in process.threads() if t.id == process.pid)
+    return float(sum(t.user_time + t.system_time for t in main))
 
 
 def _start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -318,7 +289,7 @@ async def main(args: argparse.Namespace) -> None:
 
 async def _run(args: argparse.Namespace, tmp: Path, data_dir: Path) -> None:
     runner, llm = await start_fake_llm(args.ttft, args.rate)
-    port = _free_port()
+    port = free_port()
     parley = str(Path(sys.executable).with_name("parley"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PARLEY_", "OPENAI_"))}
     env |= {
@@ -378,7 +349,7 @@ async def _run(args: argparse.Namespace, tmp: Path, data_dir: Path) -> None:
                 if args.profile and streams == profiled
                 else None
             )
-            meter = CpuMeter(gateway.pid, data_dir)
+            meter = _cpu_meter(gateway.pid, data_dir)
             started = time.perf_counter()
             try:
                 r = await _level(base, llm, key, streams, args.rounds, questions)

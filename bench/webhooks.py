@@ -35,10 +35,8 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.parse
@@ -56,8 +54,16 @@ from twilio.request_validator import RequestValidator
 
 from bench.all import profile_summary
 from bench.figures import record
+from bench.rig import (
+    Processes,
+    cpu_seconds,
+    free_port,
+    run_benchmark,
+    start_postgres,
+    tail,
+    wait_ready,
+)
 from bench.turn import start_fake_llm
-from core.store.embedded import EmbeddedPostgres
 from gateway.app import POOL_SIZE
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
@@ -269,12 +275,7 @@ class Target:
 
     def cpu_seconds(self) -> float:
         """CPU time used so far by the target's processes (user and system)."""
-        used = 0.0
-        for process in self._processes:
-            with contextlib.suppress(psutil.Error):
-                times = process.cpu_times()
-                used += times.user + times.system
-        return used
+        return sum(map(cpu_seconds, self._processes))
 
     async def close(self) -> None:
         await self._session.close()
@@ -365,66 +366,7 @@ class Profiler:
                         print(f"    {line}")
 
 
-# --- processes --------------------------------------------------------------------------------
-
-
-class Processes:
-    """Every child process this bench starts, stopped in reverse order whatever happens."""
-
-    def __init__(self) -> None:
-        self._started: list[subprocess.Popen[bytes]] = []
-
-    def start(
-        self, argv: list[str], env: dict[str, str], cwd: Path, log: Path
-    ) -> subprocess.Popen[bytes]:
-        with log.open("wb") as out:
-            # A session of its own, so Ctrl-C reaches only this process, which stops them in order.
-            process = subprocess.Popen(
-                argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self._started.append(process)
-        return process
-
-    def pids(self) -> list[int]:
-        return [process.pid for process in self._started if process.poll() is None]
-
-    def stop_all(self) -> None:
-        for process in reversed(self._started):
-            if process.poll() is None:
-                process.terminate()
-        for process in reversed(self._started):
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-        self._started.clear()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _tail(log: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-async def _wait_ready(base: str, process: subprocess.Popen[bytes], name: str, log: Path) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        for _ in range(600):
-            if process.poll() is not None:
-                raise RuntimeError(f"{name} exited with {process.returncode}:\n{_tail(log)}")
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with session.get(f"{base}/readyz") as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"{name} was not ready within two minutes:\n{_tail(log)}")
+# --- the fakes and the gateway's settings ----------------------------------------------------
 
 
 async def _start_fakes() -> tuple[list[web.AppRunner], FakeTwilio, FakeTelegram, str, str]:
@@ -732,14 +674,12 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     )
 
     # Held for the whole run: the gateway, the CLI and the floor all join this one server.
-    postgres = EmbeddedPostgres(data_dir)
-    release.append(postgres)
-    parley_url = await postgres.start()
+    parley_url = await start_postgres(data_dir, release)
     floor_url = await _create_floor_database(_database_url(parley_url, "postgres"))
 
     runners, fake_twilio, fake_telegram, twilio_api, telegram_api = await _start_fakes()
     release.extend(runners)
-    port, floor_port = _free_port(), _free_port()
+    port, floor_port = free_port(), free_port()
     llm = None
     if args.answers == "llm":
         llm_runner, llm = await start_fake_llm(LLM_TTFT, LLM_RATE, LLM_REPLY)
@@ -766,8 +706,8 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     floor_argv = [python, str(tmp / "floor.py"), floor_url, str(floor_port), str(POOL_SIZE)]
     floor_process = processes.start(floor_argv, dict(os.environ), tmp, floor_log)
     gateway_base, floor_base = f"http://{HOST}:{port}", f"http://{HOST}:{floor_port}"
-    await _wait_ready(gateway_base, gateway_process, "parley serve", gateway_log)
-    await _wait_ready(floor_base, floor_process, "the floor app", floor_log)
+    await wait_ready(gateway_base, gateway_process, "parley serve", gateway_log)
+    await wait_ready(floor_base, floor_process, "the floor app", floor_log)
 
     gc.freeze()  # what is loaded by now lives until the end: no collection needs to walk it
     requests = Requests(public_url=gateway_base)
@@ -819,63 +759,13 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
         f"telegram {len(fake_telegram.messages)}"
     )
     if gateway_process.poll() is not None:
-        print(f"parley serve exited early:\n{_tail(gateway_log)}")
+        print(f"parley serve exited early:\n{tail(gateway_log)}")
         ok = False
     return 0 if ok else 1
 
 
-async def _release(resources: list[Any]) -> None:
-    for resource in reversed(resources):
-        with contextlib.suppress(Exception):
-            if isinstance(resource, web.AppRunner):
-                await resource.cleanup()
-            elif isinstance(resource, Target):
-                await resource.close()
-
-
-def _stop_postgres(postgres: EmbeddedPostgres) -> None:
-    """Let go of the embedded server; if a killed child left its claim on it, stop it by pid."""
-    asyncio.run(postgres.stop())
-    pid_file = postgres.pgdata / "postmaster.pid"
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        pid = int(pid_file.read_text().splitlines()[0])
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if str(postgres.pgdata).encode() not in command:
-            return  # a stale file: that pid is not our server any more
-        os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
-        for _ in range(100):
-            os.kill(pid, 0)
-            time.sleep(0.1)
-
-
 def main(args: argparse.Namespace) -> int:
-    processes = Processes()
-    release: list[Any] = []
-    with tempfile.TemporaryDirectory(prefix="parley-bench-webhooks-") as name:
-        tmp = Path(name)
-        tmp.chmod(0o755)  # the embedded server may run as another user (when we are root)
-
-        async def session() -> int:
-            # SIGTERM ends the run like Ctrl-C: through the finally below.
-            this = asyncio.current_task()
-            assert this is not None
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, this.cancel)
-            try:
-                return await run(args, tmp, processes, release)
-            finally:
-                # In a thread: the fakes in this loop keep answering the gateway as it drains.
-                await asyncio.to_thread(processes.stop_all)
-                await _release([r for r in release if not isinstance(r, EmbeddedPostgres)])
-
-        try:
-            return asyncio.run(session())
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            print("\ninterrupted", file=sys.stderr)
-            return 130
-        finally:
-            processes.stop_all()
-            for postgres in (r for r in release if isinstance(r, EmbeddedPostgres)):
-                _stop_postgres(postgres)
+    return run_benchmark("webhooks", run, args)
 
 
 def _positive(value: str) -> float:

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -36,10 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import psutil
-from aiohttp import web
 
 from bench.figures import record
+from bench.rig import (
+    CpuMeter,
+    Processes,
+    free_port,
+    postgres_cpu,
+    run_benchmark,
+    start_postgres,
+    tail,
+    tree_cpu,
+    wait_ready,
+)
 from bench.turn import start_fake_llm
 from bench.webhooks import (
     AGENT,
@@ -47,18 +54,12 @@ from bench.webhooks import (
     LLM_RATE,
     LLM_REPLY,
     LLM_TTFT,
-    Processes,
     Requests,
     Target,
-    _free_port,
     _gateway_env,
     _start_fakes,
-    _stop_postgres,
-    _tail,
-    _wait_ready,
 )
 from core.answer.phrases import LANGUAGES, phrase
-from core.store.embedded import EmbeddedPostgres
 from gateway.demo import DEMO_SITE
 
 WARM_UP = 10  # messages each worker count answers before it is measured
@@ -81,39 +82,11 @@ class Count:
         return 1000 * self.cpu.get(kind, 0.0) / self.messages
 
 
-class Cpu:
-    """CPU time used by the workers and by PostgreSQL's processes."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self._data_dir = str(data_dir)
-
-    def used(self, workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
-        return {
-            "workers": sum(_cpu(p) for w in workers for p in _tree(w.pid)),
-            "postgres": sum(_cpu(p) for p in self._postgres()),
-        }
-
-    def _postgres(self) -> list[psutil.Process]:
-        found = []
-        for process in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if self._data_dir in " ".join(process.info["cmdline"] or ()):
-                    found.extend(_tree(process.pid))
-        return found
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    with contextlib.suppress(psutil.Error):
-        parent = psutil.Process(pid)
-        return [parent, *parent.children(recursive=True)]
-    return []
-
-
-def _cpu(process: psutil.Process) -> float:
-    with contextlib.suppress(psutil.Error):
-        times = process.cpu_times()
-        return float(times.user + times.system)
-    return 0.0
+def _cpu_meter(workers: list[subprocess.Popen[bytes]], data_dir: Path) -> CpuMeter:
+    """CPU seconds from now: the workers (and their children) and PostgreSQL's processes."""
+    return CpuMeter(
+        {"workers": tree_cpu([w.pid for w in workers]), "postgres": postgres_cpu(data_dir)}
+    )
 
 
 async def _answered(pool: asyncpg.Pool) -> int:
@@ -147,7 +120,7 @@ async def _start_workers(
         log = tmp / f"worker-{count}-{number + 1}.log"
         while STARTED not in log.read_text(errors="replace"):
             if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"parley worker did not start:\n{_tail(log)}")
+                raise RuntimeError(f"parley worker did not start:\n{tail(log)}")
             await asyncio.sleep(0.2)
     return workers
 
@@ -196,7 +169,6 @@ async def measure(
     pool: asyncpg.Pool = setup["pool"]
     target: Target = setup["target"]
     requests: Requests = setup["requests"]
-    cpu: Cpu = setup["cpu"]
     # At INFO, so that the log says when each has started.
     env = setup["env"] | {"PARLEY_LOG_LEVEL": "INFO"}
     workers = await _start_workers(count, processes, setup["worker"], env, setup["tmp"])
@@ -204,22 +176,17 @@ async def measure(
         before = await _answered(pool)
         await _fire(target, requests, WARM_UP * count, 50)
         await _until_answered_count(pool, before + WARM_UP * count, 120)
-        used = cpu.used(workers)
+        meter = _cpu_meter(workers, setup["data_dir"])
         start = await _answered(pool)  # the workers answer as the backlog comes in
         acked = await _fire(target, requests, args.messages, args.rate)
         reached = await _until_answered(pool, start, acked, args.within)
-        after = cpu.used(workers)
+        cpu = meter.used()
     finally:
         await asyncio.to_thread(_stop, workers)
     for worker in workers:
         if worker.returncode not in (0, -signal.SIGTERM):
             raise RuntimeError(f"a worker exited with {worker.returncode}")
-    return Count(
-        count,
-        acked,
-        reached[8] - reached[0],
-        {kind: after[kind] - used[kind] for kind in after},
-    )
+    return Count(count, acked, reached[8] - reached[0], cpu)
 
 
 async def _until_answered_count(pool: asyncpg.Pool, total: int, within: float) -> None:
@@ -279,16 +246,14 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
         flush=True,
     )
     data_dir = tmp / "data"
-    postgres = EmbeddedPostgres(data_dir)
-    release.append(postgres)
-    database_url = await postgres.start()
+    database_url = await start_postgres(data_dir, release)
     runners, twilio, telegram, twilio_api, telegram_api = await _start_fakes()
     release.extend(runners)
     llm = None
     if args.answers == "llm":
         llm_runner, llm = await start_fake_llm(LLM_TTFT, LLM_RATE, LLM_REPLY)
         release.append(llm_runner)
-    port = _free_port()
+    port = free_port()
     env = _gateway_env(data_dir, port, twilio_api, telegram_api, llm)
     parley = str(Path(sys.executable).with_name("parley"))
     for command in (["agent", "create", AGENT], ["ingest", "--agent", AGENT, str(DEMO_SITE)]):
@@ -298,7 +263,7 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     gateway_log = tmp / "gateway.log"
     gateway = processes.start([parley, "serve", "--no-workers"], env, tmp, gateway_log)
     base = f"http://{HOST}:{port}"
-    await _wait_ready(base, gateway, "parley serve", gateway_log)
+    await wait_ready(base, gateway, "parley serve", gateway_log)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     release.append(pool)
     target = Target("gateway", base, 64, 10.0, [gateway.pid])
@@ -308,7 +273,7 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
         "pool": pool,
         "target": target,
         "requests": Requests(public_url=base),
-        "cpu": Cpu(data_dir),
+        "data_dir": data_dir,
         "worker": [parley, "worker"],
         "env": env,
         "tmp": tmp,
@@ -321,39 +286,13 @@ async def run(args: argparse.Namespace, tmp: Path, processes: Processes, release
     _report(counts)
     ok = await _check_once(pool, twilio, telegram)
     if gateway.poll() is not None:
-        print(f"parley serve exited early:\n{_tail(gateway_log)}")
+        print(f"parley serve exited early:\n{tail(gateway_log)}")
         ok = False
     return 0 if ok else 1
 
 
 def main(args: argparse.Namespace) -> int:
-    processes = Processes()
-    release: list[Any] = []
-    with tempfile.TemporaryDirectory(prefix="parley-bench-workers-") as name:
-        tmp = Path(name)
-        tmp.chmod(0o755)  # the embedded server may run as another user (when we are root)
-
-        async def session() -> int:
-            try:
-                return await run(args, tmp, processes, release)
-            finally:
-                await asyncio.to_thread(processes.stop_all)
-                for resource in reversed(release):
-                    with contextlib.suppress(Exception):
-                        if isinstance(resource, web.AppRunner):
-                            await resource.cleanup()
-                        elif isinstance(resource, Target | asyncpg.Pool):
-                            await resource.close()
-
-        try:
-            return asyncio.run(session())
-        except KeyboardInterrupt:
-            print("\ninterrupted", file=sys.stderr)
-            return 130
-        finally:
-            processes.stop_all()
-            for postgres in (r for r in release if isinstance(r, EmbeddedPostgres)):
-                _stop_postgres(postgres)
+    return run_benchmark("workers", run, args)
 
 
 def _parser() -> argparse.ArgumentParser:
