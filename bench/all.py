@@ -44,6 +44,10 @@ END = "<!-- end of figures -->"
 OWN = re.compile(r"\((?:.*/)?(?:core|channels|gateway|bench)/[^)]*\)$")
 
 
+class BenchFailed(Exception):
+    """A benchmark exited with an error or reported nothing; the others still run."""
+
+
 @dataclass(frozen=True)
 class Bench:
     key: str
@@ -156,7 +160,7 @@ def _run_once(bench: Bench, args: tuple[str, ...], log: Path, figures: Path) -> 
                               stderr=subprocess.STDOUT, check=False)  # fmt: skip
     if done.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        raise SystemExit(f"{bench.key} failed (exit {done.returncode}); see {log}:\n{tail}")
+        raise BenchFailed(f"{bench.key} failed (exit {done.returncode}); see {log}:\n{tail}")
     return time.monotonic() - started
 
 
@@ -293,7 +297,7 @@ def _profile(args: tuple[str, ...], log: Path, figures: Path | None = None) -> l
                                   stderr=subprocess.STDOUT, check=False)  # fmt: skip
         if figures is not None and done.returncode != 0:
             tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-            raise SystemExit(f"failed under py-spy (exit {done.returncode}); see {log}:\n{tail}")
+            raise BenchFailed(f"failed under py-spy (exit {done.returncode}); see {log}:\n{tail}")
         if not raw.exists():
             return [f"- not profiled: py-spy wrote nothing (see {log})"]
         first = args[1] if args[:1] == ("-m",) else Path(args[0]).name
@@ -314,7 +318,7 @@ def _measure_phases(
         _run_once(bench, command, log, figures)
     collected = _collect([figures] if figures.exists() else [])
     if not collected:
-        raise SystemExit(f"{bench.key} reported no figures; see {log}")
+        raise BenchFailed(f"{bench.key} reported no figures; see {log}")
     lines = [
         "",
         f"### {bench.title}",
@@ -390,40 +394,53 @@ def main() -> int:
         "",
         *machine(),
     ]
+    failed = []
     for bench in chosen:
-        command = bench.quick if args.quick and bench.quick else bench.args
-        if bench.phases:
-            command = (*command, "--runs", str(runs))
-            section += _measure_phases(bench, command, args.logs, profile=not args.no_profile)
-            continue
-        paths, seconds = [], []
-        for number in range(1, runs + 1):
-            print(f"{bench.key}: run {number} of {runs}", flush=True)
-            figures = args.logs / f"{bench.key}-{number}.jsonl"
-            figures.unlink(missing_ok=True)
-            seconds.append(
-                _run_once(bench, command, args.logs / f"{bench.key}-{number}.log", figures)
-            )
-            paths.append(figures)
-        collected = _collect([p for p in paths if p.exists()])
-        if not collected:
-            raise SystemExit(f"{bench.key} reported no figures; see {args.logs}")
-        section += [
-            "",
-            f"### {bench.title}",
-            "",
-            f"`python {' '.join(command)}`: {runs} runs of {statistics.median(seconds):.0f} s "
-            "(median).",
-            "",
-            *figures_table(collected),
-        ]
-        if not args.no_profile:
-            print(f"{bench.key}: profiling", flush=True)
-            section += ["", "Where the CPU went (one more run, under py-spy):", ""]
-            section += _profile(command, args.logs / f"{bench.key}-profile.log")
-    write_page(args.output, section)
+        # The page is written after each benchmark, so a failure late in an hour-long run
+        # keeps what was measured before it; a failed benchmark is named on the page.
+        try:
+            section += _measure(bench, args, runs)
+        except BenchFailed as error:
+            print(error, file=sys.stderr, flush=True)
+            failed.append(bench.key)
+            section += ["", f"### {bench.title}", "", f"Failed: {str(error).splitlines()[0]}"]
+        write_page(args.output, section)
     print(f"wrote {args.output}")
-    return 0
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _measure(bench: Bench, args: argparse.Namespace, runs: int) -> list[str]:
+    """One benchmark's part of the page: its runs' figures, then where the CPU went."""
+    command = bench.quick if args.quick and bench.quick else bench.args
+    if bench.phases:
+        command = (*command, "--runs", str(runs))
+        return _measure_phases(bench, command, args.logs, profile=not args.no_profile)
+    paths, seconds = [], []
+    for number in range(1, runs + 1):
+        print(f"{bench.key}: run {number} of {runs}", flush=True)
+        figures = args.logs / f"{bench.key}-{number}.jsonl"
+        figures.unlink(missing_ok=True)
+        seconds.append(_run_once(bench, command, args.logs / f"{bench.key}-{number}.log", figures))
+        paths.append(figures)
+    collected = _collect([p for p in paths if p.exists()])
+    if not collected:
+        raise BenchFailed(f"{bench.key} reported no figures; see {args.logs}")
+    section = [
+        "",
+        f"### {bench.title}",
+        "",
+        f"`python {' '.join(command)}`: {runs} runs of {statistics.median(seconds):.0f} s "
+        "(median).",
+        "",
+        *figures_table(collected),
+    ]
+    if not args.no_profile:
+        print(f"{bench.key}: profiling", flush=True)
+        section += ["", "Where the CPU went (one more run, under py-spy):", ""]
+        section += _profile(command, args.logs / f"{bench.key}-profile.log")
+    return section
 
 
 if __name__ == "__main__":

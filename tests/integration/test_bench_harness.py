@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.all import BEGIN, END, profile_summary, write_page
+import pytest
+
+import bench.all as bench_all
+from bench.all import BEGIN, END, Bench, profile_summary, write_page
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,3 +116,20 @@ def test_the_process_py_spy_started_is_named_by_its_command() -> None:
     assert profile_summary(raw, first="bench.retrieval")[0] == (
         "- `bench.retrieval`: 25 samples on the CPU"
     )
+
+
+def test_a_failed_benchmark_is_named_and_the_others_are_kept(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = Bench("broken", "A benchmark that crashes", ("-c", "raise SystemExit(3)"))
+    memory = next(b for b in bench_all.BENCHES if b.key == "memory")
+    monkeypatch.setattr(bench_all, "BENCHES", (broken, memory))
+    monkeypatch.setenv("PARLEY_DATABASE_URL", postgres_url)
+    page, logs = tmp_path / "PERFORMANCE.md", tmp_path / "logs"
+    monkeypatch.setattr(sys, "argv", ["bench.all", "--quick", "--runs", "1", "--no-profile",
+                                      "--output", str(page), "--logs", str(logs)])  # fmt: skip
+    assert bench_all.main() == 1
+    text = page.read_text()
+    assert "### A benchmark that crashes\n\nFailed: broken failed (exit 3)" in text
+    assert "### Conversation memory rebuilt from Postgres" in text
+    assert "| rebuild p99 (in-process cache) |" in text
