@@ -48,6 +48,7 @@ from core.store.vector_index import (
     HNSW_M,
     MAX_SCAN_TUPLES,
     BuildProgress,
+    EfSearch,
     EmbedderIdentity,
     HnswBuild,
     bind_embedder,
@@ -296,25 +297,40 @@ async def _run(args: argparse.Namespace, settings: Settings) -> None:
     agent = await agents.get("bench")
     await database.close()
 
-    # The pool the search runs on, with the HNSW settings asked for.
-    session = hnsw_session(ef_search=args.ef_search, max_scan_tuples=args.max_scan_tuples)
+    # The pool the search runs on, its connections started as Parley's are; the floor's
+    # pool starts with the candidate list the search gives this agent, so that both run
+    # one round trip with the same settings.
+    policy = EfSearch.fixed(args.ef_search) if args.ef_search else EF_SEARCH
     assert settings.database_url is not None
-    search_pool = await asyncpg.create_pool(
-        settings.database_url.get_secret_value(),
-        min_size=2,
-        max_size=4,
-        init=register_vector,
-        server_settings={"plan_cache_mode": "force_custom_plan", **session},
-    )
-    assert search_pool is not None
+    url = settings.database_url.get_secret_value()
+
+    async def open_pool(ef_search: int) -> asyncpg.Pool:
+        created = await asyncpg.create_pool(
+            url,
+            min_size=2,
+            max_size=4,
+            init=register_vector,
+            server_settings={
+                "plan_cache_mode": "force_custom_plan",
+                **hnsw_session(ef_search=ef_search, max_scan_tuples=args.max_scan_tuples),
+            },
+        )
+        assert created is not None
+        return created
+
+    search_pool = await open_pool(policy.small)
+    search = ChunkSearch(search_pool, policy)
+    floor_pool = await open_pool(await search.ef_search(agent.id))
     try:
-        await _queries(args, search_pool, agent, corpus, load_s, build_s)
+        await _queries(args, search, floor_pool, agent, corpus, load_s, build_s)
     finally:
+        await floor_pool.close()
         await search_pool.close()
 
 
 async def _queries(
     args: argparse.Namespace,
+    search: ChunkSearch,
     pool: asyncpg.Pool,
     agent: Agent,
     corpus: Corpus,
@@ -322,7 +338,7 @@ async def _queries(
     build_s: float | None,
 ) -> None:
     vectors, texts = corpus.queries(args.queries)
-    search = ChunkSearch(pool)
+    ef_search = await search.ef_search(agent.id)
     retriever = Retriever(search, UseEmbedder(), LocalCache())
     filters = SearchFilters()
     tagged = SearchFilters(include_tags=("t7",))
@@ -400,7 +416,7 @@ async def _queries(
     print()
     print(
         f"chunks {args.n:,}  dim {DIM} (halfvec)  HNSW m={args.m} "
-        f"ef_construction={args.ef_construction} ef_search={args.ef_search} iterative "
+        f"ef_construction={args.ef_construction} ef_search={ef_search} iterative "
         f"relaxed_order max_scan_tuples={args.max_scan_tuples}  load {load}  "
         f"index build {built}"
     )
@@ -476,7 +492,11 @@ if __name__ == "__main__":
     parser.add_argument("--rebuild", action="store_true", help="rebuild a reused index")
     parser.add_argument("--m", type=int, default=HNSW_M)
     parser.add_argument("--ef-construction", type=int, default=HNSW_EF_CONSTRUCTION)
-    parser.add_argument("--ef-search", type=int, default=EF_SEARCH)
+    parser.add_argument(
+        "--ef-search",
+        type=int,
+        help="one HNSW candidate list whatever the size (default: by the index size, as Parley)",
+    )
     parser.add_argument("--max-scan-tuples", type=int, default=MAX_SCAN_TUPLES)
     parser.add_argument(
         "--build-memory-mb",

@@ -3,13 +3,14 @@ with visibility, tags and the language-folder rule applied in the same queries."
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import asyncpg
 import numpy as np
 from numpy.typing import NDArray
 
-from core.store.vector_index import INDEX_PREFIX
+from core.store.vector_index import EF_SEARCH, INDEX_PREFIX, EfSearch
 
 # Full-text candidates: a word that stands in more than LEXICAL_BUDGET of the agent's chunks
 # (estimated from the column statistics ANALYZE keeps) still counts towards a chunk's rank,
@@ -27,6 +28,9 @@ LEXICAL_CAP = 10_000
 # asked for TAG_OVERFETCH times the rows so that the nearest of them can be kept.
 EXACT_TAG_ROWS = 25_000
 TAG_OVERFETCH = 4
+# How long (s) an agent's index size, which its ef_search follows (EfSearch), is taken as
+# known: an agent that grows past EfSearch.large_from gets the large list within a minute.
+SIZE_TTL = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +111,21 @@ def _candidate(row: asyncpg.Record) -> Candidate:
 
 
 class ChunkSearch:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, ef_search: EfSearch = EF_SEARCH) -> None:
+        """``pool``'s connections start with ``ef_search.small`` (`hnsw_session`)."""
         self._pool = pool
+        self._ef_search = ef_search
+        self._sizes: dict[int, tuple[float, float]] = {}  # agent -> (chunks, looked up at)
+
+    async def ef_search(self, agent_id: int) -> int:
+        """The HNSW candidate list the agent's index size calls for."""
+        now = time.monotonic()
+        known = self._sizes.get(agent_id)
+        if known is None or now - known[1] > SIZE_TTL:
+            chunks = await self._pool.fetchval(_AGENT_CHUNKS, agent_id)
+            known = (float(chunks or 0), now)
+            self._sizes[agent_id] = known
+        return self._ef_search.for_chunks(known[0])
 
     @staticmethod
     def _args(
@@ -134,7 +151,8 @@ class ChunkSearch:
         """Nearest permitted chunks by cosine distance, through the agent's own HNSW index.
 
         The filters are applied during the index scan, which goes on (iteratively) past
-        rows they exclude; see `hnsw_session`. Tag filters: see EXACT_TAG_ROWS.
+        rows they exclude; see `hnsw_session`. Tag filters: see EXACT_TAG_ROWS. The graph
+        search's candidate list follows the size of the agent's index (EfSearch).
         """
         dim = int(dimension)
         distance = f"c.embedding::halfvec({dim}) <=> $2"
@@ -167,7 +185,13 @@ class ChunkSearch:
                           AND (SELECT expected FROM tagged) > {EXACT_TAG_ROWS}
                         ORDER BY {distance}
                         LIMIT $7 * {TAG_OVERFETCH})"""
-        rows = await self._pool.fetch(sql, *args)
+        ef_search = await self.ef_search(agent_id)
+        if ef_search == self._ef_search.small:
+            rows = await self._pool.fetch(sql, *args)
+        else:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
+                rows = await conn.fetch(sql, *args)
         # Relaxed order: a row found by a later round of the iterative scan may come before
         # a nearer one from an earlier round.
         found = sorted((_candidate(r) for r in rows), key=lambda c: c.dense, reverse=True)

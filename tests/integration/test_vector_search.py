@@ -1,6 +1,7 @@
 """Vector search on half-precision vectors: filters that exclude most chunks still get the
-nearest permitted ones, migration 0023 keeps existing chunks searchable, and embedders of
-more than 2,000 dimensions get an index too."""
+nearest permitted ones, a larger agent searches its graph with a longer candidate list,
+migration 0023 keeps existing chunks searchable, and embedders of more than 2,000 dimensions
+get an index too."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from core.settings import Settings
 from core.store import Agents, Database, open_database
 from core.store.migrate import bundled_migrations, migrate
 from core.store.search import ChunkSearch, SearchFilters
-from core.store.vector_index import EmbedderIdentity, index_name
+from core.store.vector_index import EfSearch, EmbedderIdentity, hnsw_session, index_name
 
 USE = EmbedderIdentity("use:universal-sentence-encoder-multilingual-3", 512)
 LARGE = EmbedderIdentity("openai:text-embedding-3-large", 3072)
@@ -116,6 +117,50 @@ async def test_a_filter_that_excludes_most_chunks_still_gets_the_nearest_permitt
         assert index_name(shop.id) in plan
     finally:
         await large.close()
+
+
+async def test_an_agent_past_the_size_bar_searches_with_the_longer_candidate_list(
+    database: Database,
+) -> None:
+    """3,000 scattered vectors: a graph search keeping 10 candidates misses some of the ten
+    nearest; once the agent's index is past the bar, its searches keep 400 and find them."""
+    shop = await Agents(database.pool).create("shop", embedder=USE)
+    rng = np.random.default_rng(14)
+    vectors = _unit(rng.normal(size=(3000, 512)))
+    async with database.pool.acquire() as conn:
+        ids = await _add_chunks(conn, shop.id, vectors)
+        await conn.execute("VACUUM ANALYZE chunks")  # the index's size, as autovacuum keeps it
+    # Connections started as Parley's are, with the short list; kept on the index as on a
+    # big table (on 3,000 rows the planner would rather sort them all).
+    pool = await asyncpg.create_pool(
+        database.url,
+        min_size=1,
+        max_size=2,
+        init=register_vector,
+        server_settings={"enable_seqscan": "off", **hnsw_session(ef_search=10)},
+    )
+    assert pool is not None
+    queries = _unit(rng.normal(size=(5, 512)))
+    nearest = [[ids[i] for i in _nearest(vectors, q, range(3000), 10)] for q in queries]
+
+    async def found(search: ChunkSearch) -> list[list[int]]:
+        return [
+            [c.chunk_id for c in await search.dense(shop.id, 512, q, 10, SearchFilters())]
+            for q in queries
+        ]
+
+    try:
+        below = ChunkSearch(pool, EfSearch(small=10, large=400, large_from=5_000))
+        past = ChunkSearch(pool, EfSearch(small=10, large=400, large_from=2_000))
+        assert await below.ef_search(shop.id) == 10
+        assert await past.ef_search(shop.id) == 400
+        short = await found(below)
+        assert sum(len(set(f) & set(n)) for f, n in zip(short, nearest, strict=True)) < 50
+        assert await found(past) == nearest
+        # The longer list was the transaction's alone: the connections keep the short one.
+        assert await pool.fetchval("SHOW hnsw.ef_search") == "10"
+    finally:
+        await pool.close()
 
 
 async def test_a_tag_on_few_chunks_gets_the_nearest_tagged_ones(database: Database) -> None:
