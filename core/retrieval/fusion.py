@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from core.locale import language_of
-from core.store.search import Candidate
+from core.store.search import EXACT_FROM, Candidate
 
 Fusion = Literal["calibrated", "rrf"]
 
@@ -36,11 +36,10 @@ LEXICAL_WEIGHT_OTHER = 0.05
 LEXICAL_WEIGHT_CROSS = 0.15
 CROSS_LINGUAL_LOOKAHEAD = 3
 LEXICAL_MARGIN = 0.15
-# From this lexeme overlap on, a heading or sentence counts as the query itself (3 of 4
-# words, or a heading with one word more than the query). Such a match earns a bonus larger
-# than any similarity gap, doubling up to a word-for-word match, so that among similar FAQ
-# questions the one typed exactly wins over one that shares most of its words.
-EXACT_FROM = 0.75
+# From EXACT_FROM (core.store.search) on, a heading or sentence counts as the query itself.
+# Such a match earns a bonus larger than any similarity gap, doubling up to a word-for-word
+# match, so that among similar FAQ questions the one typed exactly wins over one that shares
+# most of its words.
 EXACT_BONUS = 1.0
 
 

@@ -98,6 +98,14 @@ _FILTERS = """c.agent_id = $1
 # A heading path is "Page title | Site > Section > Subsection": each part is a title of its
 # own. Text splits into lines (list items, table rows, FAQ questions) and sentences.
 _HEADING_PARTS = r"\s+[>|]\s+"
+# Exactness is the Dice overlap 2|u & q| / (|u| + |q|) of a heading or sentence u with the
+# query q. From EXACT_FROM on, u counts as the query itself (3 of 4 words, or a heading with
+# one word more than the query; see core.retrieval.fusion). That takes
+# |u & q| >= EXACT_SHARE |q| (0.6), and u's words are among its chunk's: a chunk holding
+# fewer of the query's words (stemmed alike, the same language) cannot reach EXACT_FROM, and
+# its sentences are not looked at.
+EXACT_FROM = 0.75
+EXACT_SHARE = EXACT_FROM / (2 - EXACT_FROM)
 _SENTENCES = r"\n+|(?<=[.!?])\s+"
 
 
@@ -216,7 +224,9 @@ class ChunkSearch:
         Each row also says how exactly the query is one of the chunk's headings or sentences:
         a question typed as it stands in an FAQ or a heading is its own best evidence, which
         the rank over the whole chunk does not show (a long chunk that repeats one of the
-        words ranks as high).
+        words ranks as high). Splitting and stemming every sentence is most of the query's
+        work, so it is done only for a chunk that holds EXACT_SHARE of the query's words;
+        the others are given 0 (see EXACT_SHARE).
         """
         dim = int(dimension)
         sql = f"""WITH words AS (
@@ -242,25 +252,30 @@ class ChunkSearch:
                        LIMIT $7
                   ), hits AS (
                       SELECT {_COLUMNS}, 1 - (c.embedding::halfvec({dim}) <=> $2) AS dense,
-                             r.lexical
+                             r.lexical,
+                             parley_ts_config(c.locale) <> parley_ts_config($8)
+                               OR (SELECT count(*) FROM unnest(q.lexemes) l
+                                    WHERE c.tsv @@ quote_literal(l)::tsquery)
+                                  >= {EXACT_SHARE} * cardinality(q.lexemes) AS may_be_exact
                         FROM ranked r JOIN chunks c ON c.id = r.id JOIN pages p ON p.id = c.page_id
+                        CROSS JOIN q
                   )
-                  SELECT h.*, coalesce(e.exactness, 0) AS exactness
+                  SELECT h.chunk_id, h.page_id, h.url, h.title, h.heading, h.text, h.locale,
+                         h.page_type, h.tags, h.dense, h.lexical,
+                         CASE WHEN h.may_be_exact THEN coalesce((
+                           SELECT max(2.0 * cardinality(ARRAY(
+                                      SELECT unnest(u.lexemes) INTERSECT SELECT unnest(q.lexemes)))
+                                  / (cardinality(u.lexemes) + cardinality(q.lexemes)))
+                             FROM (SELECT tsvector_to_array(
+                                          to_tsvector(parley_ts_config($8), part)) AS lexemes
+                                     FROM regexp_split_to_table(
+                                          h.heading, '{_HEADING_PARTS}') AS part
+                                   UNION ALL
+                                   SELECT tsvector_to_array(
+                                          to_tsvector(parley_ts_config($8), part))
+                                     FROM regexp_split_to_table(h.text, '{_SENTENCES}') AS part) u
+                            WHERE cardinality(u.lexemes) > 0), 0) ELSE 0 END AS exactness
                     FROM hits h CROSS JOIN q
-                    LEFT JOIN LATERAL (
-                      SELECT max(2.0 * cardinality(ARRAY(
-                                     SELECT unnest(u.lexemes) INTERSECT SELECT unnest(q.lexemes)))
-                                 / (cardinality(u.lexemes) + cardinality(q.lexemes))) AS exactness
-                        FROM (SELECT tsvector_to_array(
-                                         to_tsvector(parley_ts_config($8), part)) AS lexemes
-                                FROM regexp_split_to_table(
-                                         h.heading, '{_HEADING_PARTS}') AS part
-                              UNION ALL
-                              SELECT tsvector_to_array(
-                                         to_tsvector(parley_ts_config($8), part))
-                                FROM regexp_split_to_table(h.text, '{_SENTENCES}') AS part) u
-                       WHERE cardinality(u.lexemes) > 0
-                    ) e ON true
                    ORDER BY h.lexical DESC"""
         rows = await self._pool.fetch(
             sql, *self._args(agent_id, vector, filters), limit, language, query

@@ -27,6 +27,7 @@ HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 INDEX_PREFIX = "chunks_embedding_agent_"
 
+
 # HNSW search settings. ef_search is the candidate list of one graph search: the larger, the
 # nearer the found chunks are to the exact nearest, and the longer the search. The recall a
 # list gives falls as the index grows, so it goes by the size of the agent's index: on
