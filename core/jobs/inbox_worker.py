@@ -445,16 +445,17 @@ class InboxWorker:
                 # The indicator is a courtesy: its failures never fail the turn.
                 await asyncio.gather(typing, return_exceptions=True)
 
-    async def _give_back(self, claim: InboxClaim) -> None:
-        """A turn stopped before its end: its rows wait again at once, for another worker.
-        If that fails they stay 'processing' until the lease runs out, and are taken then."""
+    async def _give_back(self, claim: InboxClaim, what: str = "turn") -> None:
+        """A turn stopped before its end (or a claim a stop interrupted before its turn began,
+        ``what="claim"``): its rows wait again at once, for another worker. If that fails
+        they stay 'processing' until the lease runs out, and are taken then."""
         try:
             async with asyncio.timeout(_GIVE_BACK_SECONDS):
                 given = await self._leases.give_back(claim)
         except Exception as exc:
             log.warning("inbox.give_back.failed inbox_id=%d error=%r", claim.first.id, exc)
             return
-        log.info("inbox.turn.given_back inbox_id=%d given=%s", claim.first.id, given)
+        log.info("inbox.%s.given_back inbox_id=%d given=%s", what, claim.first.id, given)
 
     async def _give_back_claimed(self, claiming: asyncio.Future[list[InboxClaim]]) -> None:
         """What a claim interrupted by a stop took, back at once (no turn will answer it)."""
@@ -464,7 +465,7 @@ class InboxWorker:
         except Exception:
             return  # nothing was claimed, or the rows wait for their lease to end
         for claim in claims:
-            await self._give_back(claim)
+            await self._give_back(claim, "claim")
 
     async def _keep_lease(self, holder: list[InboxClaim], stop: asyncio.Event) -> None:
         """Extends the lease while a long turn runs, so no other worker takes the rows."""
