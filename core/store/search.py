@@ -123,17 +123,16 @@ class ChunkSearch:
         """``pool``'s connections start with ``ef_search.small`` (`hnsw_session`)."""
         self._pool = pool
         self._ef_search = ef_search
-        self._sizes: dict[int, tuple[float, float]] = {}  # agent -> (chunks, looked up at)
+        self._lists: dict[int, tuple[float, int]] = {}  # agent -> (known until, list)
 
     async def ef_search(self, agent_id: int) -> int:
         """The HNSW candidate list the agent's index size calls for."""
-        now = time.monotonic()
-        known = self._sizes.get(agent_id)
-        if known is None or now - known[1] > SIZE_TTL:
+        known = self._lists.get(agent_id)
+        if known is None or known[0] <= time.monotonic():
             chunks = await self._pool.fetchval(_AGENT_CHUNKS, agent_id)
-            known = (float(chunks or 0), now)
-            self._sizes[agent_id] = known
-        return self._ef_search.for_chunks(known[0])
+            known = (time.monotonic() + SIZE_TTL, self._ef_search.for_chunks(chunks or 0))
+            self._lists[agent_id] = known
+        return known[1]
 
     @staticmethod
     def _args(
