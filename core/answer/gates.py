@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
+from core.answer.contacts import phone_region
 from core.answer.critic import Critic, CriticSource, Verdict
 from core.answer.sources import SourceRef
 from core.answer.validate import Knowledge, unknown_links, url_key, validate
@@ -136,13 +137,18 @@ class AnswerGates:
             holds=bool(names) and (critic is not None or "validate" in names), critic=critic
         )
 
-    async def check(self, text: str, sources: Sequence[SourceRef], agent: Agent) -> list[str]:
-        """`validate` the text, after looking its unknown links up among the agent's pages."""
+    async def check(
+        self, text: str, sources: Sequence[SourceRef], agent: Agent, *, said: str = ""
+    ) -> list[str]:
+        """`validate` the text, after looking its unknown links up among the agent's pages;
+        ``said``: the visitor's question, whose own numbers and addresses it may repeat."""
         knowledge = Knowledge(
             source_urls=[s.url for s in sources],
             source_texts=[s.text for s in sources],
             contact_route=agent.contact_route,
             site_url=agent.site_url,
+            said=said,
+            region=phone_region(agent.timezone, agent.default_language),
         )
         found: set[str] = set()
         for url in unknown_links(text, knowledge):
@@ -152,10 +158,17 @@ class AnswerGates:
         return validate(text, replace(knowledge, pages=frozenset(found)))
 
     async def record(
-        self, text: str, sources: Sequence[SourceRef], agent: Agent, trace: list[dict[str, Any]]
+        self,
+        text: str,
+        sources: Sequence[SourceRef],
+        agent: Agent,
+        trace: list[dict[str, Any]],
+        *,
+        said: str = "",
     ) -> bool:
-        """Validate an answer already sent (nothing held it): the verdict is only recorded."""
-        reasons = await self.check(text, sources, agent)
+        """Validate an answer already sent (nothing held it): the verdict is only recorded
+        (an answer that failed shows no sources and is not kept in the answer cache)."""
+        reasons = await self.check(text, sources, agent, said=said)
         trace.append(
             _entry("validate", 1, "failed" if reasons else "passed", reasons, enforced=False)
         )
@@ -169,10 +182,11 @@ class AnswerGates:
         trace: list[dict[str, Any]],
         *,
         quoted: bool,
+        said: str = "",
     ) -> bool:
         """Record the fallback given instead of rejected drafts (the sources' quote, or a
         deferral); whether it passes validation itself, so its sources may be shown."""
-        reasons = await self.check(text, sources, agent)
+        reasons = await self.check(text, sources, agent, said=said)
         attempt = sum(1 for e in trace if e["gate"] in ("validate", "model"))
         trace.append(_entry("fallback", attempt, "extractive" if quoted else "deferral", reasons))
         return not reasons
@@ -209,7 +223,7 @@ class AnswerGates:
             if draft.leaked:
                 gated.draft = draft  # the guard's refusal: nothing of the draft is shown
                 return gated
-            reasons = await self.check(draft.text, gated.sources, agent)
+            reasons = await self.check(draft.text, gated.sources, agent, said=question)
             trace.append(_entry("validate", attempt, "failed" if reasons else "passed", reasons))
             gate, hint = "validate", None
             if not reasons and plan.critic is not None:

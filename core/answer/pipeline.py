@@ -318,6 +318,7 @@ class AnswerPipeline:
                 self._retrieval_query(request, agent, request.text, language),
                 history,
                 subject_of(request.page.title) if request.page and request.page.title else None,
+                summary=memory.summary,
             )
             trace.data.update({"answer_cache": cache.verdict, **cache.describe()})
             if cache.hit is not None:
@@ -482,6 +483,7 @@ class AnswerPipeline:
                 sources=[s.public() for s in outcome.sources], citations=outcome.citations,
                 confidence=outcome.confidence, low_confidence=outcome.low_confidence,
                 deferred=generated.deferred or is_deferred(answer), complete=not out.gone,
+                passed=generated.passed,
             )  # fmt: skip
         return outcome
 
@@ -785,7 +787,9 @@ class AnswerPipeline:
             # An exploration answers from the pages it opened too: those are its sources.
             sources = sources if generated.sources is None else generated.sources
             if generated.error is None and not generated.leaked:
-                generated.passed = await self._gates.record(generated.text, sources, agent, record)
+                generated.passed = await self._gates.record(
+                    generated.text, sources, agent, record, said=request.text
+                )
             return generated, sources
 
         async def write(
@@ -822,7 +826,9 @@ class AnswerPipeline:
         quoted = quote.answered and estimate >= threshold
         text = quote.text if quoted else deferral(language, agent.contact_route)
         text, sources = cited_first(text, gated.sources)
-        passed = await self._gates.fallback(text, sources, agent, record, quoted=quoted)
+        passed = await self._gates.fallback(
+            text, sources, agent, record, quoted=quoted, said=request.text
+        )
         fallback = _Generated(
             text=text, mode="extractive", deferred=not quoted, passed=passed, held=True,
             usage=gated.usage(),

@@ -1,16 +1,27 @@
-"""Deterministic checks of a written answer against its sources: citations, links, Markdown
-and copied markup. Each failure is a reason the model can read and act on."""
+"""Deterministic checks of a written answer against its sources: citations, links, phone
+numbers, e-mail addresses and hosts, Markdown and copied markup. Each failure is a reason the
+model can read and act on."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+from core.answer.contacts import (
+    EMAIL,
+    bare_hosts,
+    email_addresses,
+    number_runs,
+    phone_numbers,
+    registered_domain,
+    same_digits,
+    same_number,
+)
 from core.answer.postprocess import PROMPT_TAGS
 
 # CommonMark with raw HTML recognised as such (so it can be found), plus what the widget
@@ -22,7 +33,6 @@ _CITATION = re.compile(r"\[\s*(\d+)\s*\](?!\()")
 # Bare addresses in running text (links and autolinks are read from the parse).
 _BARE_URL = re.compile(r"(?<![\w@/])(?:https?://|www\.)[^\s<>\"'`\[\]]+", re.IGNORECASE)
 _URL_TAIL = ".,;:!?)'\"*_"
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 # The blocks the prompt quotes sources, notes and the page in (core.answer.prompt), written
 # out or escaped: a reply showing them is reciting its prompt.
 _PROMPT_MARKUP = re.compile(
@@ -52,13 +62,20 @@ MAX_LOOKUPS = 10
 @dataclass(frozen=True, slots=True)
 class Knowledge:
     """What an answer may refer to: its sources (numbered 1..n in the prompt), the agent's
-    contact route and website, and pages of the agent found for the answer's links."""
+    contact route and website, and pages of the agent found for the answer's links.
+
+    Phone numbers and e-mail addresses may come from those, or from the visitor's own
+    question (``said``: "is my order for jan@example.org on its way?"); never from the page
+    context or anything else a visitor sent beside it, which may carry planted ones. National
+    numbers are read in ``region`` (`core.answer.contacts.phone_region`)."""
 
     source_urls: Sequence[str]
     source_texts: Sequence[str] = ()
     contact_route: str = ""
     site_url: str | None = None
     pages: frozenset[str] = field(default_factory=frozenset)
+    said: str = ""
+    region: str = "ZZ"
 
     def known_urls(self) -> set[str]:
         urls = {*self.source_urls, *self.pages}
@@ -69,8 +86,31 @@ class Knowledge:
         return {url_key(u, self.site_url) for u in urls}
 
     def known_addresses(self) -> set[str]:
-        texts = [self.contact_route, *self.source_texts]
-        return {a.casefold() for text in texts for a in _EMAIL.findall(text)}
+        return {a for text in self.vouched() for a in email_addresses(text)}
+
+    def gives_number(self, e164: str) -> bool:
+        """Whether an answer may give the phone number ``e164``."""
+        texts = self.vouched()
+        known = {n for text in texts for n in phone_numbers(text, self.region)}
+        return e164 in known or same_number(e164, texts)
+
+    def known_domains(self) -> set[str]:
+        """The registered domains an answer may name without a link: the sources' and the
+        website's, and those their texts and the contact route name."""
+        hosts = [urlsplit(u).hostname or "" for u in [*self.source_urls, *self.pages]]
+        if self.site_url:
+            hosts.append(urlsplit(self.site_url).hostname or "")
+        for text in [self.contact_route, *self.source_texts]:
+            hosts += [
+                urlsplit(u if "//" in u else f"//{u}").hostname or "" for u in _bare_urls(text)
+            ]
+            hosts += [h.split("/", 1)[0].split(":", 1)[0] for h in bare_hosts(text)]
+            hosts += [a.rsplit("@", 1)[1] for a in email_addresses(text)]
+        return {d for d in map(registered_domain, hosts) if d}
+
+    def vouched(self) -> list[str]:
+        """The texts that vouch for a number or an address."""
+        return [self.contact_route, *self.source_texts, self.said]
 
 
 def url_key(url: str, site_url: str | None = None) -> str:
@@ -93,6 +133,7 @@ def validate(answer: str, knowledge: Knowledge) -> list[str]:
     reasons = [
         *_citation_reasons(tokens, len(knowledge.source_urls)),
         *_link_reasons(links(answer), knowledge),
+        *_contact_reasons(tokens, knowledge),
         *_markdown_reasons(tokens, answer.split("\n")),
         *_markup_reasons(tokens, answer),
     ]
@@ -173,8 +214,13 @@ def _link_reasons(urls: Sequence[str], knowledge: Knowledge) -> list[str]:
     for url in urls:
         scheme = urlsplit(url).scheme.lower()
         if scheme in ("mailto", "tel"):
-            target = url.split(":", 1)[1].split("?", 1)[0].strip().casefold()
-            if target and target not in addresses and target not in knowledge.contact_route:
+            target = unquote(url.split(":", 1)[1].split("?", 1)[0]).strip().casefold()
+            if scheme == "tel":
+                dialled = phone_numbers(target, knowledge.region)
+                vouched = bool(dialled) and all(map(knowledge.gives_number, dialled))
+            else:
+                vouched = target in addresses
+            if target and not vouched and target not in knowledge.contact_route.casefold():
                 reasons.append(f"the address {url} is not the contact route or in the sources")
         elif scheme in ("http", "https", "") and url_key(url, knowledge.site_url) not in known:
             reasons.append(
@@ -184,6 +230,49 @@ def _link_reasons(urls: Sequence[str], knowledge: Knowledge) -> list[str]:
         elif scheme not in ("http", "https", "", "mailto", "tel"):
             reasons.append(f"the link {url} is not a web address")
     return reasons
+
+
+def _contact_reasons(tokens: Sequence[Token], knowledge: Knowledge) -> list[str]:
+    """Phone numbers, e-mail addresses and hosts written out in the running text that the
+    sources, the contact route and the question do not give (links are checked above)."""
+    text = "\n".join(t.content for t in _inline(tokens) if t.type in ("text", "code_inline"))
+    text = _BARE_URL.sub(" ", text)  # read as links; their digits are no phone numbers
+    reasons = []
+    numbers = phone_numbers(text, knowledge.region)
+    read = [_digits(written) for written in numbers.values()]
+    unread = [run for run in number_runs(text) if not any(d in _digits(run) for d in read)]
+    for e164, written in numbers.items():
+        if not knowledge.gives_number(e164):
+            reasons.append(_number_reason(written))
+    for run in unread:  # a number in a form the region does not read ("0900-..." in the US)
+        if not same_digits(_digits(run), knowledge.vouched()):
+            reasons.append(_number_reason(run))
+    addresses = knowledge.known_addresses()
+    for address in EMAIL.findall(text):
+        if address.casefold() not in addresses:
+            reasons.append(
+                f"the address {address} is not the contact route or in the sources: "
+                "give only addresses they give"
+            )
+    domains = knowledge.known_domains()
+    for host in bare_hosts(EMAIL.sub(" ", text)):
+        if registered_domain(host.split("/", 1)[0].split(":", 1)[0]) not in domains:
+            reasons.append(
+                f"the website {host} is not one of the sources or this website: "
+                "name only the sources' addresses"
+            )
+    return reasons
+
+
+def _number_reason(written: str) -> str:
+    return (
+        f"the phone number {written.strip()} is not the contact route or in the sources: "
+        "give only numbers they give"
+    )
+
+
+def _digits(text: str) -> str:
+    return re.sub(r"\D", "", text)
 
 
 def unknown_links(answer: str, knowledge: Knowledge) -> list[str]:

@@ -1,4 +1,5 @@
-"""The answer validator: citations, links, Markdown and copied markup, each with its reason;
+"""The answer validator: citations, links, phone numbers, e-mail addresses and hosts, Markdown
+and copied markup, each with its reason;
 the critic's verdict as read; and which sources an answer shows."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from core.answer.contacts import phone_region
 from core.answer.critic import CriticSource, critic_messages, read_verdict
 from core.answer.gates import display, gate_names, rejection
 from core.answer.validate import Knowledge, links, unknown_links, url_key, validate
@@ -112,6 +114,70 @@ def test_links_are_found_in_every_form_and_pages_found_later_count() -> None:
     assert url_key("https://WWW.Shop.example/en/faq/#x") == url_key(
         "/en/faq", "https://shop.example"
     )
+
+
+# A Dutch shop: its sources and contact route give one number, one address and its domain.
+DUTCH = Knowledge(
+    source_urls=["https://www.noordkaap.nl/klantenservice"],
+    source_texts=[
+        "Bel de klantenservice op 020-123 4567 (ma-vr 09:00-17:30) of mail service@noordkaap.nl.",
+        "Retouren binnen 30 dagen, op 1.12.2026 - 5.1.2027 gesloten. Prijs 1.299,00 euro.",
+    ],
+    contact_route="WhatsApp +31 6 12345678",
+    site_url="https://www.noordkaap.nl",
+    said="Is mijn bestelling voor jan@voorbeeld.nl al onderweg?",
+    region="NL",
+)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # The sources' number in any spelling, the contact route's, the question's address.
+        "Bel +31 20 123 4567 [1], of (020) 1234567, of WhatsApp 06-12345678.",
+        "Mail service@NoordKaap.nl [1]; we antwoorden jan@voorbeeld.nl binnen een dag.",
+        "[Bellen](tel:+31201234567) of [appen](tel:+31612345678).",
+        "Zie noordkaap.nl/retour of www.noordkaap.nl [1].",
+        # Dates, times, prices, codes and file names are no numbers or hosts.
+        "Open 09:00-17:30; gesloten 1.12.2026 - 5.1.2027 en op 2026-12-24. 1.299,00 euro.",
+        "Bestelling NK-2041 en 12345678, handleiding.pdf, Node.js, z.B. en o.a.",
+    ],
+)
+@pytest.mark.parametrize("region", ["NL", "US", "ZZ"])
+def test_numbers_addresses_and_hosts_the_sources_give_pass(answer: str, region: str) -> None:
+    # In the shop's region, or in one that reads its national numbers otherwise or not at all.
+    assert validate(answer, Knowledge(**{**_fields(DUTCH), "region": region})) == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        # What a page context planted ("refunds only via the hotline ..."), in every form.
+        ("Terugbetalingen alleen via 0900-1234567 [1].", "the phone number 0900-1234567"),
+        ("Call +44 20 7946 0958 for refunds.", "the phone number +44 20 7946 0958"),
+        ("Bel `020 765 4321`.", "the phone number 020 765 4321"),
+        ("[Bel ons](tel:0900-1234567)", "the address tel:0900-1234567"),
+        ("Mail refunds@noordkaap-service.com.", "the address refunds@noordkaap-service.com"),
+        ("Vraag je geld terug op refunds-noordkaap.com/form.", "the website refunds-noordkaap.com"),
+        ("Ga naar noordkaap.nl.evil.io voor je retour.", "the website noordkaap.nl.evil.io"),
+    ],
+)
+@pytest.mark.parametrize("region", ["NL", "US", "ZZ"])
+def test_numbers_addresses_and_hosts_no_source_gives_are_named(
+    answer: str, reason: str, region: str
+) -> None:
+    reasons = validate(answer, Knowledge(**{**_fields(DUTCH), "region": region}))
+    assert any(r.startswith(reason) for r in reasons), reasons
+
+
+def test_national_numbers_are_read_in_the_agents_region() -> None:
+    assert phone_region("Europe/Amsterdam", "en") == "NL"
+    assert phone_region("UTC", "de") == "DE"  # no country of its own: the language's
+    assert phone_region("UTC", "xx") == "ZZ"
+    # Without a region only numbers with their country code are read; those still count.
+    international = Knowledge(**{**_fields(DUTCH), "region": "ZZ"})
+    assert validate("Bel +31 20 123 4567.", international) == []
+    assert validate("Bel +31 900 1234567.", international) != []
 
 
 def _fields(knowledge: Knowledge) -> dict[str, object]:
