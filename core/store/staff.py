@@ -1,13 +1,16 @@
-"""Staff accounts (argon2id password hashes) and their browser sessions (stored hashed)."""
+"""Staff accounts (argon2id password hashes), their browser sessions (stored hashed) and the
+device tokens that mark a browser an account has signed in with."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import hashlib
 import hmac
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -82,6 +85,18 @@ def _session_hash(session_id: str) -> bytes:
 
 def _token_mac(token: str, session_id: str) -> bytes:
     return hmac.new(token.encode(), session_id.encode(), hashlib.sha256).digest()
+
+
+# A device token: "<staff id>.<expires, Unix time>.<nonce>.<mac>".
+_DEVICE = re.compile(r"([0-9]{1,18})\.([0-9]{1,12})\.([A-Za-z0-9_-]{22})\.([A-Za-z0-9_-]{43})")
+
+
+def _device_mac(password_hash: str, staff_id: int, expires: int, nonce: str) -> str:
+    # Keyed with the account's password hash: a secret only the database holds, so no key
+    # needs configuring, and a new password voids every device token made before it.
+    key = hashlib.sha256(b"parley-device\0" + password_hash.encode()).digest()
+    mac = hmac.new(key, f"{staff_id}.{expires}.{nonce}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +255,39 @@ class StaffAccounts:
             "UPDATE staff SET last_sign_in_at = now() WHERE id = $1", row["id"]
         )
         return _member(row)
+
+    async def device_token(self, staff_id: int, lifetime: timedelta) -> str:
+        """A token for the browser that has just signed in to the account ``staff_id``: it
+        says "this browser signed in here before" until ``lifetime`` is over or the password
+        changes. Not a credential: it only lets `device_owner` tell the owner's browser
+        apart from a guesser's (`gateway.admin.throttle`)."""
+        stored = await self._pool.fetchval(
+            "SELECT password_hash FROM staff WHERE id = $1", staff_id
+        )
+        if stored is None:
+            raise NotFound(f"no staff account with the id {staff_id}")
+        expires = int(time.time() + lifetime.total_seconds())
+        nonce = secrets.token_urlsafe(16)
+        return f"{staff_id}.{expires}.{nonce}.{_device_mac(stored, staff_id, expires, nonce)}"
+
+    async def device_owner(self, token: str) -> tuple[str, str] | None:
+        """(the email address of the enabled account ``token`` was made for, the token's
+        nonce), while the token is unexpired and the password unchanged; else None."""
+        parts = _DEVICE.fullmatch(token)
+        if parts is None or int(parts[2]) <= time.time():
+            return None
+        staff_id, expires, nonce, mac = int(parts[1]), int(parts[2]), parts[3], parts[4]
+        row = await self._pool.fetchrow(
+            """SELECT email, password_hash FROM staff
+                WHERE id = $1 AND disabled_at IS NULL""",
+            staff_id,
+        )
+        if row is None:
+            return None
+        expected = _device_mac(row["password_hash"], staff_id, expires, nonce)
+        if not hmac.compare_digest(mac.encode(), expected.encode()):
+            return None
+        return str(row["email"]), nonce
 
     async def list(self) -> list[StaffMember]:
         rows = await self._pool.fetch(f"SELECT {_MEMBER} FROM staff ORDER BY email")

@@ -49,7 +49,7 @@ from core.tags import (
 )
 from core.turns import TurnEvent, TurnRequest
 from gateway.admin import schemas as s
-from gateway.admin.auth import STAFF, Staff
+from gateway.admin.auth import DEVICE_COOKIE, STAFF, Staff
 from gateway.admin.events import PLAYGROUND_EVENTS, Events
 from gateway.admin.guard import API_PREFIX
 from gateway.admin.services import AdminServices
@@ -215,6 +215,7 @@ async def sign_in(call: Call) -> s.SessionOut:
         token=body.token,
         email=body.email,
         password=body.password,
+        device=call.request.cookies.get(DEVICE_COOKIE),
     )
     call.on_response(lambda response: auth.set_cookie(response, signed_in))
     return _session(signed_in.staff, signed_in.expires_at)

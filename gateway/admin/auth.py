@@ -14,9 +14,13 @@ The guard middleware (`gateway.admin.guard`) applies this to every ``/admin`` an
 `current_staff(request)` and put `csrf_token(request)` into their forms.
 
 Wrong credentials are slowed down by `gateway.admin.throttle`; right ones never are, so
-someone else's guessing cannot keep staff out. A sign-in that sets the cookie must come as
-JSON from a page of this gateway (or from no page at all: a script), so that another site
-cannot sign a visitor's browser in to an account of its choosing (login CSRF).
+someone else's guessing cannot keep staff out: a right admin token is never counted, and a
+password from a browser that signed in to that account before (``DEVICE_COOKIE``) is
+counted for that browser alone, whatever others fail at from its address.
+
+A sign-in that sets the cookie must come as JSON from a page of this gateway (or from no
+page at all: a script), so that another site cannot sign a visitor's browser in to an
+account of its choosing (login CSRF).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ from gateway.client_address import client_address
 log = logging.getLogger(__name__)
 
 SESSION_COOKIE = "parley_admin"
+# Marks a browser that signed in to a staff account with its password (`_device`).
+DEVICE_COOKIE = "parley_device"
+DEVICE_LIFETIME = timedelta(days=90)
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -109,6 +116,7 @@ class SignedIn:
 
     staff: Staff
     session: NewSession
+    device: str | None = None  # a new device token for the browser (password sign-ins)
 
     @property
     def csrf_token(self) -> str:
@@ -223,9 +231,10 @@ class StaffAuth:
         token: str | None = None,
         email: str | None = None,
         password: str | None = None,
+        device: str | None = None,
     ) -> SignedIn:
         """A new session for the admin token, or for a staff email and password, signing in
-        from the client ``address``.
+        from the client ``address``; ``device`` is the browser's device cookie, if any.
 
         Raises `Unauthorized` for wrong credentials and `RateLimited` when they come too fast.
         """
@@ -238,7 +247,9 @@ class StaffAuth:
                 raise await self._wrong_token(address, "token")
             member = None
         elif email is not None and password is not None:
-            attempt = await self._throttle.begin(email.strip().lower(), address)
+            account = email.strip().lower()
+            known = await self._device(device, account)
+            attempt = await self._throttle.begin(account, address, known)
             found = await self._accounts.authenticate(email, password)
             if found is None:
                 log.info("admin.sign_in.failed reason=password address=%s", address)
@@ -254,7 +265,20 @@ class StaffAuth:
         )
         log.info("admin.sign_in via=%s staff=%s", "password" if member else "token",
                  member.id if member else "-")  # fmt: skip
-        return SignedIn(Staff.of(member, "session", session.csrf_token), session)
+        new_device = (
+            await self._accounts.device_token(member.id, DEVICE_LIFETIME) if member else None
+        )
+        return SignedIn(Staff.of(member, "session", session.csrf_token), session, new_device)
+
+    async def _device(self, cookie: str | None, account: str) -> str | None:
+        """The nonce of the browser's device token when it was made for ``account`` (and is
+        still good), else None: then the try counts against the address like anyone's."""
+        if not cookie:
+            return None
+        owner = await self._accounts.device_owner(cookie)
+        if owner is None or owner[0] != account:
+            return None
+        return owner[1]
 
     async def sign_out(self, request: web.Request) -> None:
         session_id = request.cookies.get(SESSION_COOKIE)
@@ -271,6 +295,17 @@ class StaffAuth:
             secure=self.secure_cookies,
             samesite="Strict",
         )
+        if signed_in.device is not None:
+            # Kept after signing out: it marks the browser, not a session.
+            response.set_cookie(
+                DEVICE_COOKIE,
+                signed_in.device,
+                max_age=int(DEVICE_LIFETIME.total_seconds()),
+                path="/",
+                httponly=True,
+                secure=self.secure_cookies,
+                samesite="Strict",
+            )
 
     def clear_cookie(self, response: web.StreamResponse) -> None:
         response.del_cookie(

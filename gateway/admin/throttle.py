@@ -1,4 +1,4 @@
-"""Guessing staff credentials, slowed down: back-off per account and address, a budget per address.
+"""Guessing staff credentials, slowed down: back-off per account and client, a budget per address.
 
 What is slowed is failing, never the owner of an account:
 
@@ -8,12 +8,17 @@ What is slowed is failing, never the owner of an account:
   account cannot be locked by guessing at it;
 - each address may fail ``ADDRESS_LIMIT`` (a token bucket) across all accounts, against one
   address trying a few passwords on each of many accounts;
+- a browser that has signed in to the account before (its device cookie,
+  `core.store.staff.StaffAccounts.device_owner`) is counted on its own instead: its own
+  failures back off as a pair's do, and nobody else's count, so a guesser behind the owner's
+  address (an office, a NAT, a proxy) does not keep the owner out either;
 - a success clears its pair's failures and gives its try back to the address.
 
 A try is counted before the credentials are checked (and uncounted when it succeeds), so
-that requests sent all at once cannot each find the count below the limit. The state lives
-in the cache: counters and token buckets only, which stay in the process (with the same
-semantics) while Redis is down.
+that requests sent all at once cannot each find the count below the limit; a try refused
+here is refused unread, so a refusal says nothing of whether the password was right. The
+state lives in the cache: counters and token buckets only, which stay in the process (with
+the same semantics) while Redis is down.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Attempt:
     account: str
     address: str
     number: int  # its place in the pair's tries since the last success
+    device: str | None = None  # the browser's device nonce, when it signed in here before
 
 
 class SignInThrottle:
@@ -57,22 +63,29 @@ class SignInThrottle:
         self._cache = cache
 
     @staticmethod
-    def _keys(account: str, address: str) -> tuple[str, str, str]:
+    def _keys(account: str, address: str, device: str | None) -> tuple[str, str, str | None]:
+        """The pair's counter and gate, and the address's budget (None for a known device)."""
+        if device is not None:
+            pair = f"admin:sign-in:backoff:{account}:device:{device}"
+            return pair, pair + ":gate", None
         client = subscriber(address)
         pair = f"admin:sign-in:backoff:{account}:{client}"
         return pair, pair + ":gate", f"admin:sign-in:address:{client}"
 
-    async def begin(self, account: str, address: str) -> Attempt:
+    async def begin(self, account: str, address: str, device: str | None = None) -> Attempt:
         """Admit a try at ``account``'s credentials from ``address``, or raise `RateLimited`.
 
         ``account`` is what is being guessed: a normalised email address, or ``"token"``.
+        ``device`` is the nonce of the browser's device token when it was made for this
+        account: the try is then counted for that browser alone.
         """
-        count, gate, budget = self._keys(account, address)
+        count, gate, budget = self._keys(account, address, device)
         rate, burst = ADDRESS_LIMIT
-        spent = await self._cache.take_token(budget, rate=rate, capacity=burst)
-        if not spent.allowed:
-            log.info("admin.sign_in.throttled scope=address address=%s", address)
-            raise RateLimited("too many failed sign-ins; try again later", spent.retry_after)
+        if budget is not None:
+            spent = await self._cache.take_token(budget, rate=rate, capacity=burst)
+            if not spent.allowed:
+                log.info("admin.sign_in.throttled scope=address address=%s", address)
+                raise RateLimited("too many failed sign-ins; try again later", spent.retry_after)
         number = await self._cache.incr(count, ttl=FORGET_AFTER)
         if number >= FREE_FAILURES:
             wait = wait_before(number)
@@ -81,8 +94,13 @@ class SignInThrottle:
                 opened = await self._cache.take_token(gate, rate=1 / wait, capacity=1.0)
                 if not opened.allowed:
                     await self._cache.incr(count, -1)
-                    await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)
-                    log.info("admin.sign_in.throttled scope=account address=%s", address)
+                    if budget is not None:
+                        await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)
+                    log.info(
+                        "admin.sign_in.throttled scope=%s address=%s",
+                        "account" if device is None else "device",
+                        address,
+                    )
                     raise RateLimited(
                         "too many failed sign-ins; try again later", opened.retry_after
                     )
@@ -91,11 +109,12 @@ class SignInThrottle:
             await self._cache.take_token(
                 gate, rate=1 / wait_before(number + 1), capacity=1.0, cost=1.0 if wait == 0 else 0
             )
-        return Attempt(account, address, number)
+        return Attempt(account, address, number, device)
 
     async def succeeded(self, attempt: Attempt) -> None:
         """The credentials were right: the pair starts afresh, the address gets its try back."""
-        count, gate, budget = self._keys(attempt.account, attempt.address)
+        count, gate, budget = self._keys(attempt.account, attempt.address, attempt.device)
         await self._cache.delete(count, gate)
-        rate, burst = ADDRESS_LIMIT
-        await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)
+        if budget is not None:
+            rate, burst = ADDRESS_LIMIT
+            await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)

@@ -333,12 +333,18 @@ PROXY = {"trusted_proxies": ["127.0.0.1/32"]}
 
 
 async def _password(
-    client: Client, password: str, address: str, email: str = "ann@shop.example"
+    client: Client,
+    password: str,
+    address: str,
+    email: str = "ann@shop.example",
+    device: str | None = None,
 ) -> Any:
+    """A password sign-in from ``address``, with a browser's device cookie when given."""
+    headers = {"X-Forwarded-For": address}
+    if device is not None:
+        headers["Cookie"] = f"parley_device={device}"
     return await client.post(
-        f"{ADMIN}/sign-in",
-        json={"email": email, "password": password},
-        headers={"X-Forwarded-For": address},
+        f"{ADMIN}/sign-in", json={"email": email, "password": password}, headers=headers
     )
 
 
@@ -419,6 +425,53 @@ async def test_wrong_token_guesses_never_keep_the_right_token_out(
     for _ in range(3):
         again = await client.get(f"{ADMIN}/agents", headers={"Authorization": f"Bearer {TOKEN}"})
         assert again.status == 200
+
+
+async def test_guessing_from_the_owners_address_never_keeps_the_owner_out(
+    start_client: StartClient,
+) -> None:
+    """Wrong passwords from the address the owner signs in from, at her account and at many
+    others, slow the guesser and not her: the browser she signed in with before carries a
+    device cookie, and its tries are counted on their own. A client without one is still
+    refused unread (right password or not) while the address is over its budget, so the
+    guessing stays slowed."""
+    client = await start_client(admin_token=TOKEN, **PROXY)
+    await _staff(client).create("ann@shop.example", PASSWORD)
+    await _staff(client).create("bob@shop.example", PASSWORD + " for bob")
+    here = "203.0.113.9"
+    first = await _password(client, PASSWORD, here)
+    assert first.status == 200
+    cookie = _set_cookie(first).get("parley_device")
+    device = cookie.value if cookie is not None else None
+    if cookie is not None:
+        assert (cookie["httponly"], cookie["samesite"], cookie["path"]) == (True, "Strict", "/")
+    ann = [(await _password(client, f"guess-{n}", here)).status for n in range(6)]
+    assert ann == [401] * 5 + [429]
+    others = [
+        (await _password(client, "guess", here, f"staff{n}@shop.example")).status for n in range(20)
+    ]
+    assert others[-1] == 429  # the address's budget is spent
+    assert (await _password(client, PASSWORD, here)).status == 429
+    # Bob's device, a made-up one, or Ann's altered, are no way past.
+    signed_bob = await _password(client, PASSWORD + " for bob", "198.51.100.7", "bob@shop.example")
+    assert signed_bob.status == 200, await signed_bob.text()
+    bob = _set_cookie(signed_bob)
+    for other in (bob["parley_device"].value if "parley_device" in bob else None,
+                  "1.4102444800.AAAA.AAAA", (device or "") + "x"):  # fmt: skip
+        assert (await _password(client, PASSWORD, here, device=other)).status == 429
+
+    for _ in range(3):
+        right = await _password(client, PASSWORD, here, device=device)
+        assert right.status == 200, await right.text()
+    token = await client.post(
+        f"{ADMIN}/sign-in", json={"token": TOKEN}, headers={"X-Forwarded-For": here}
+    )
+    assert token.status == 200
+    bearer = {"Authorization": f"Bearer {TOKEN}", "X-Forwarded-For": here}
+    assert (await client.get(f"{ADMIN}/agents", headers=bearer)).status == 200
+    # The device's own wrong passwords back off as anyone's do, and only its own.
+    mine = [(await _password(client, f"typo-{n}", here, device=device)).status for n in range(6)]
+    assert mine == [401] * 5 + [429]
 
 
 async def test_sign_in_must_be_sent_as_json(start_client: StartClient) -> None:

@@ -8,6 +8,7 @@ import secrets
 from aiohttp import web
 
 from core.errors import AdminDisabled, ParleyError, RateLimited, Unauthorized
+from gateway.admin.auth import DEVICE_COOKIE
 from gateway.admin.console.render import (
     Route,
     admin,
@@ -94,6 +95,7 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
             token=None if by_password else text(data, "token"),
             email=email if by_password else None,
             password=str(data.get("password", "")) if by_password else None,
+            device=request.cookies.get(DEVICE_COOKIE),
         )
     except (Unauthorized, RateLimited, AdminDisabled) as exc:
         return await _show(
