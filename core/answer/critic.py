@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from core.answer.prompt import fenced
 from core.errors import Unavailable
+from core.fencing import fenced
 from core.ports import ChatMessage, ChatModel
 from core.slots import network_wait
 

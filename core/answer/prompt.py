@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from core.answer.phrases import language_name
+from core.fencing import fenced
 from core.ports import ChatMessage
 
 CORE_INSTRUCTIONS = (
@@ -134,26 +134,6 @@ def _source_blocks(sources: Sequence[PromptSource]) -> str:
         return "<sources>\n(no matching information was found on the website)\n</sources>"
     blocks = [fenced("source", s.text, id=str(s.number), url=s.url, title=s.title) for s in sources]
     return "<sources>\n" + "\n".join(blocks) + "\n</sources>"
-
-
-# The blocks the prompt quotes text in: the sources, the conversation's summary, the page the
-# visitor is on. Text quoted in one may neither close it nor open another (in any case).
-_FENCE_TAG = re.compile(r"<\s*(/?)\s*(sources|source|summary|page)\b", re.IGNORECASE)
-
-
-def fenced(tag: str, text: str, **attributes: str) -> str:
-    """``text`` as data in a ``<tag>`` block it cannot break out of."""
-    attrs = "".join(f' {name}="{_attr(value)}"' for name, value in attributes.items())
-    return f"<{tag}{attrs}>\n{_neutralise(text)}\n</{tag}>"
-
-
-def _attr(value: str) -> str:
-    return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
-
-
-def _neutralise(text: str) -> str:
-    """Quoted text cannot close its block, or open one of ours, and smuggle text out of it."""
-    return _FENCE_TAG.sub(r"&lt;\1\2", text)
 
 
 def build_messages(p: PromptInput) -> list[ChatMessage]:

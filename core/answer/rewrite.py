@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from core.answer.prompt import fenced
 from core.answer.question import guess_language, key_words, names_in, wanted_kinds
 from core.answer.short_reply import short_reply
+from core.fencing import fenced
 from core.ports import Cache, ChatMessage, ChatModel
 
 log = logging.getLogger(__name__)

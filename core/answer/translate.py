@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from core.answer.phrases import language_name
-from core.answer.prompt import fenced
 from core.answer.short_reply import short_reply
+from core.fencing import fenced
 from core.locale import language_of
 from core.ports import Cache, ChatMessage, ChatModel
 from core.retrieval.retriever import RetrievalQuery, Retriever
