@@ -173,7 +173,8 @@ class WebChannel:
         origin = request.headers.get("Origin")
         self.admit(agent, request, request.headers.get("X-Parley-Key", ""), "X-Parley-Key")
         body = await read_body(request, ChatBody)
-        limited = await self._rate_limited(agent, body.session_id, self.client_address(request))
+        address = self.client_address(request)
+        limited = await self._rate_limited(agent, body.session_id, address)
         if limited is not None:
             return self._too_many(limited, origin)
 
@@ -181,6 +182,7 @@ class WebChannel:
             agent=agent.slug,
             channel="web",
             conversation_key=body.session_id,
+            client_address=address,
             text=body.message,
             page=body.page,
             language=body.language,

@@ -307,6 +307,9 @@ class Settings(BaseSettings):
     quota_agent_month: Annotated[int | None, BeforeValidator(_no_key_when_empty)] = Field(
         None, ge=0
     )
+    # Visitors' days one network address gets on the widget (a visitor can start a new
+    # session at will, an address is shared by an office or a household); 0: not counted.
+    quota_address_share: int = Field(5, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _notify_secret_with_webhook(self) -> Settings:

@@ -88,6 +88,10 @@ class TurnRequest(BaseModel):
     # first): used instead of the stored memory when given (the knowledge-query contract).
     previous_messages: tuple[tuple[Literal["visitor", "assistant"], CleanText], ...] | None = None
     max_results: int | None = Field(default=None, ge=1, le=20)  # sources to answer from
+    # The network address the visitor's own browser sent from, where the channel sees it
+    # (the widget; not a provider's or an API client's server): the visitor's day quota
+    # counts it as well as the conversation, whose key the visitor may change at will.
+    client_address: CleanText | None = Field(default=None, max_length=64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ def build_pipeline(
             cache,
             visitor_day=settings.quota_visitor_day,
             agent_month=settings.quota_agent_month,
+            address_share=settings.quota_address_share,
         ),
         explorer=(
             Explorer(

@@ -1,13 +1,26 @@
-"""Small talk and quotas through the pipeline: fixed replies, no search, no model, stored turns."""
+"""Small talk and quotas through the pipeline: fixed replies, no search, no model, stored turns;
+the visitor's day counted per address on the widget."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from aiohttp.test_utils import TestServer
+
 from core.answer.phrases import phrase
-from core.store import Agents
+from core.knowledge.ingest import Ingestor
+from core.knowledge.sources import parse_source
+from core.retrieval.embedders import UseEmbedder
+from core.store import Agents, Database
+from core.store.knowledge import KnowledgeStore
+from core.store.vector_index import EmbedderIdentity
 from core.turns import CollectingTurnOutput, TurnRequest
-from tests.integration.test_pipeline import MODEL, Rig, fake, rig
+from gateway.app import create_app
+from tests.conftest import MakeSettings
+from tests.integration.test_pipeline import MODEL, PAGES, Rig, fake, rig
+from tests.support.sse import chat
 
 __all__ = ["fake", "rig"]  # the fixtures this module uses
 
@@ -127,3 +140,70 @@ async def test_the_agents_monthly_quota_spans_visitors(rig: Rig) -> None:
     assert again.done is not None
     assert again.done["mode"] == "llm"
     assert again.done["quota"]["agent_month"] == 0
+
+
+async def test_a_visitor_who_starts_new_sessions_shares_their_addresss_day(rig: Rig) -> None:
+    # One answer a visitor a day; an address gets five visitors' days (the default share).
+    await _settings(rig, quota_visitor_day=1)
+    rig.fake.replies[MODEL] = ["Parcels to Belgium take 2-3 working days [1]."] * 8
+
+    async def ask(session: str, address: str) -> dict[str, Any]:
+        output = await rig.ask(
+            "How long does delivery to Belgium take?", key=session, channel="web",
+            client_address=address,
+        )  # fmt: skip
+        assert output.done is not None
+        return dict(output.done)
+
+    first = [await ask(f"s-{n}", "198.51.100.7") for n in range(5)]
+    assert "quota" not in [d["mode"] for d in first]  # answered (from the cache after one)
+    # What is left is the less of the visitor's own day and their address's.
+    assert [d["quota"]["visitor_day"] for d in first] == [0, 0, 0, 0, 0]
+    # A sixth fresh session from the same address gets the visitor's quota message.
+    sixth = await ask("s-6", "198.51.100.7")
+    assert sixth["mode"] == "quota"
+    assert sixth["answer"].startswith(phrase("quota_visitor_day", "en"))
+    # An IPv6 visitor's /64 is one address; another address has its own day.
+    for n in range(5):
+        assert (await ask(f"v6-{n}", f"2001:db8:7:1::{n + 1}"))["mode"] != "quota"
+    assert (await ask("v6-9", "2001:db8:7:1:ffff::9"))["mode"] == "quota"
+    assert (await ask("s-7", "198.51.100.8"))["mode"] != "quota"
+    # Channels that do not see the visitor's address count the conversation alone.
+    api = await rig.ask("How long does delivery to Belgium take?", key="api-1")
+    assert api.done is not None
+    assert api.done["mode"] != "quota"
+
+
+async def test_the_widget_counts_the_visitors_day_per_address(
+    make_settings: MakeSettings, database: Database, use_embedder: UseEmbedder, tmp_path: Path
+) -> None:
+    agents = Agents(database.pool)
+    await agents.create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    agent = await agents.update("shop", settings={"quota_visitor_day": 1})
+    path = tmp_path / "pages.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PAGES), encoding="utf-8")
+    await Ingestor(KnowledgeStore(database.pool), use_embedder).ingest(
+        agent, parse_source(str(path))
+    )
+    # Behind a proxy on loopback: the visitor's address is the one it forwards.
+    settings = make_settings(quota_address_share=2, trusted_proxies=["127.0.0.1/32"])
+    server = TestServer(create_app(settings))
+    await server.start_server()
+    url = str(server.make_url("/")).rstrip("/")
+    try:
+
+        async def mode(session: str, address: str) -> str:
+            stream = await chat(
+                url, "shop", "How long does delivery to Belgium take?",
+                key=agent.widget_key, session_id=session,
+                headers={"X-Forwarded-For": address},
+            )  # fmt: skip
+            assert stream.status == 200, stream.events
+            return str(stream.data("done")["mode"])
+
+        answered = [await mode(f"session-{n:04}", "203.0.113.5") for n in range(2)]
+        assert answered == ["extractive", "cached"]
+        assert await mode("session-0009", "203.0.113.5") == "quota"
+        assert await mode("session-0010", "203.0.113.6") == "cached"
+    finally:
+        await server.close()

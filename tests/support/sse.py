@@ -34,9 +34,10 @@ async def chat(
     key: str,
     session_id: str = "session-0001",
     origin: str | None = None,
+    headers: dict[str, str] | None = None,
     **body: Any,
 ) -> Stream:
-    headers = {"X-Parley-Key": key}
+    headers = {"X-Parley-Key": key, **(headers or {})}
     if origin:
         headers["Origin"] = origin
     payload = {"message": message, "session_id": session_id, **body}

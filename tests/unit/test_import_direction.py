@@ -21,6 +21,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("core.errors",),
     ("core.settings",),
     (
+        "core.clients",
         "core.deferrals",
         "core.delivery",
         "core.documents",
