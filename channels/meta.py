@@ -33,7 +33,7 @@ from channels.inbound import check_charset, find_agent, parse_json, validated
 from channels.meta_send import MAX_TEXT_CHARS, MetaSender
 from core.errors import Forbidden, InvalidInput, MediaUnavailable
 from core.inbound import InboundMessage, MediaItem, MediaKind
-from core.media import fetch_media
+from core.media import fetch_media, is_refused, require_guarded
 from core.settings import Settings
 from core.store.agents import Agent
 from core.turns import clean_payload
@@ -51,6 +51,10 @@ MAX_CHALLENGE_CHARS = 256
 MAX_INBOUND_CHARS = 16_384
 # A media id as the Graph API gives it (digits), and as it goes into a URL path.
 _MEDIA_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
+# Where the Graph API says a customer's file is, and which wants the access token too (Meta's
+# Cloud API documentation: "GET <media url>" with the same Bearer token). A URL on any other
+# host is read without it.
+MEDIA_HOST = "https://lookaside.fbsbx.com"
 
 _Id = Annotated[StrictStr, Field(min_length=1, max_length=256)]
 _Text = Annotated[StrictStr, Field(max_length=MAX_INBOUND_CHARS)]
@@ -327,7 +331,10 @@ class MetaWhatsApp(ChannelBase):
         self, http: aiohttp.ClientSession, agent: Agent, settings: Settings, ref: str
     ) -> tuple[bytes, str]:
         """An attachment by its media id: the Graph API gives its URL, type and size, then
-        the file is read from that URL, both with the access token."""
+        the file is read from that URL. The access token goes to the Graph API and to Meta's
+        media host (`MEDIA_HOST`, which wants it), never to a URL elsewhere. ``http`` is the
+        guarded media session (`core.media.media_session`)."""
+        require_guarded(http)
         token = self.credentials(agent, settings).text("access_token")
         if not token:
             raise ChannelNotConfigured(f"no Meta access token for agent {agent.slug!r}")
@@ -342,13 +349,14 @@ class MetaWhatsApp(ChannelBase):
             max_bytes=settings.media_max_bytes,
             timeout=settings.media_timeout_seconds,
         )
-        # The token goes with the download: never in the clear when the API itself is https.
+        # Never read in the clear what the API itself gives over https.
         if base.startswith("https://") and not url.startswith("https://"):
             raise MediaUnavailable("url", transient=False)
         media = await fetch_media(
             http,
             url,
             headers=headers,
+            provider=(base, MEDIA_HOST),
             max_bytes=settings.media_max_bytes,
             timeout=settings.media_timeout_seconds,
         )
@@ -379,7 +387,9 @@ async def _media_info(
                 info = None
     except TimeoutError:
         raise _media_failed("timeout", transient=True) from None
-    except aiohttp.ClientError:
+    except aiohttp.ClientError as exc:
+        if is_refused(exc):
+            raise _media_failed("refused", transient=False) from None
         raise _media_failed("connection", transient=True) from None
     if status != 200:
         raise _media_failed(f"http_{status}", transient=status >= 500 or status == 429)

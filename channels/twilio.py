@@ -220,8 +220,10 @@ class TwilioWhatsApp(ChannelBase):
     async def fetch_media(
         self, http: aiohttp.ClientSession, agent: Agent, settings: Settings, ref: str
     ) -> tuple[bytes, str]:
-        """A media URL of the message, fetched with the account's Basic auth (Twilio then
-        redirects to a short-lived signed URL, fetched without it)."""
+        """A media URL of the message, fetched with the account's Basic auth when it is on
+        Twilio's API host (``PARLEY_TWILIO_API_BASE``), without it anywhere else; Twilio then
+        redirects to a short-lived signed URL, fetched without it. ``http`` is the guarded
+        media session (`core.media.media_session`)."""
         credentials = self.credentials(agent, settings)
         sid, token = credentials.text("account_sid"), credentials.text("auth_token")
         auth = (sid, token) if sid and token else None
@@ -229,6 +231,7 @@ class TwilioWhatsApp(ChannelBase):
             http,
             ref,
             auth=auth,
+            provider=(str(settings.twilio_api_base),),
             max_bytes=settings.media_max_bytes,
             timeout=settings.media_timeout_seconds,
         )

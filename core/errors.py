@@ -80,9 +80,12 @@ class MediaUnavailable(Unavailable):
     ``too_large`` (a Content-Length or a body above the limit), ``timeout`` (the whole
     download, redirects included, took too long), ``connection`` (no connection, or it broke
     off), ``http_<status>`` (e.g. ``http_404``), ``redirect`` (more than allowed, without a
-    Location, to a scheme other than http(s), or from https down to http) or ``url`` (not an
-    http(s) URL to begin with). ``transient`` (a timeout, a failed connection, a 408, 429 or
-    5xx answer) means the same download may work later; the others never will."""
+    Location, to a scheme other than http(s), or from https down to http), ``url`` (not an
+    http(s) URL to begin with), ``refused`` (the outbound guard would not connect to the
+    address, first or after a redirect: not public, not on PARLEY_MEDIA_ALLOW_NETWORKS) or
+    ``not_media`` (the answer is a page or data, not audio, an image or a video).
+    ``transient`` (a timeout, a failed connection, a 408, 429 or 5xx answer) means the same
+    download may work later; the others never will."""
 
     code = "media_unavailable"
 

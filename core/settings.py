@@ -190,6 +190,11 @@ class Settings(BaseSettings):
     # (redirects included), is not read. WhatsApp's own limit for audio is 16 MB.
     media_max_bytes: int = Field(16 * 1024 * 1024, ge=1, le=100 * 1024 * 1024)
     media_timeout_seconds: float = Field(20.0, gt=0, le=300)
+    # Private networks media downloads may reach all the same (comma-separated CIDRs). Apart
+    # from crawl_allow_networks: staff choose what is crawled, while a media URL comes with a
+    # message, and no provider serves media from a private address; only a local fake or
+    # proxy standing in for the provider's API (PARLEY_TWILIO_API_BASE...) needs listing.
+    media_allow_networks: Networks = Field(default_factory=list)
 
     embed_provider: Literal["use", "openai"] = "use"
     embed_model: str | None = None

@@ -116,7 +116,7 @@ async def open_answering(runtime: Runtime) -> AsyncIterator[Answering]:
             limits=runtime.model_limits,
         )
         senders = AgentSenders(settings, runtime.agents)
-        voice = open_voice_notes(settings, runtime.http, runtime.agents)
+        voice = open_voice_notes(settings, runtime.agents)
         try:
             yield Answering(runtime, chat, pipeline, senders, voice)
         finally:

@@ -1,8 +1,10 @@
-"""The crawler's only way out: HTTP sessions that refuse to connect to private addresses."""
+"""The only way out for the crawler and media downloads: HTTP sessions that refuse to connect
+to private addresses."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import Any
@@ -103,9 +105,13 @@ class _GuardedConnector(aiohttp.TCPConnector):
     ``http://127.0.0.1/``; the socket factory sees the very address connected to, for
     the first request, each redirect, robots.txt and sitemaps alike."""
 
-    def __init__(self, policy: OutboundPolicy, resolver: AbstractResolver) -> None:
+    def __init__(
+        self, policy: OutboundPolicy, resolver: AbstractResolver, tls: ssl.SSLContext | bool
+    ) -> None:
         self._policy = policy
-        super().__init__(resolver=_GuardedResolver(policy, resolver), socket_factory=self._socket)
+        super().__init__(
+            resolver=_GuardedResolver(policy, resolver), socket_factory=self._socket, ssl=tls
+        )
 
     def _socket(self, addr_info: Any) -> socket.socket:
         family, type_, proto, _, sockaddr = addr_info
@@ -114,14 +120,21 @@ class _GuardedConnector(aiohttp.TCPConnector):
 
 
 def crawler_session(
-    allow: Sequence[IPNetwork] = (), *, resolver: AbstractResolver | None = None
+    allow: Sequence[IPNetwork] = (),
+    *,
+    resolver: AbstractResolver | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> aiohttp.ClientSession:
-    """A session for crawling: public addresses only, plus ``allow`` (an intranet, say).
+    """A session for crawling (and for media downloads, `core.media`): public addresses
+    only, plus ``allow`` (an intranet, say).
 
     ``resolver`` answers the DNS questions (the system's resolver by default); whatever it
-    answers is checked. Proxies from the environment are ignored: the address checked must
-    be the one reached."""
-    connector = _GuardedConnector(OutboundPolicy(allow), resolver or aiohttp.DefaultResolver())
+    answers is checked. ``tls`` replaces the default certificate checks (a test's own
+    authority). Proxies from the environment are ignored: the address checked must be the
+    one reached."""
+    connector = _GuardedConnector(
+        OutboundPolicy(allow), resolver or aiohttp.DefaultResolver(), True if tls is None else tls
+    )
     return aiohttp.ClientSession(connector=connector, trust_env=False)
 
 

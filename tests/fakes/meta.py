@@ -83,6 +83,9 @@ class Media:
 
     data: bytes
     mime_type: str = "audio/ogg; codecs=opus"
+    # Where the media's URL says the file is; by default this fake's own ``/media/{id}``
+    # (a test points it at another host, as Meta's CDN is).
+    url: str | None = None
 
 
 @dataclass
@@ -210,7 +213,8 @@ class FakeMeta:
         return web.json_response(
             {
                 "messaging_product": "whatsapp",
-                "url": str(request.url.with_path(f"/media/{media_id}").with_query(None)),
+                "url": media.url
+                or str(request.url.with_path(f"/media/{media_id}").with_query(None)),
                 "mime_type": media.mime_type,
                 "sha256": hashlib.sha256(media.data).hexdigest(),
                 "file_size": len(media.data),

@@ -20,12 +20,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from core.errors import ConfigError, MediaUnavailable, ModelFailed
-from core.media import MAX_REDIRECTS, fetch_media
+from core.knowledge.outbound import crawler_session
+from core.media import MAX_REDIRECTS, fetch_media, media_session
 from core.settings import Settings
 from core.transcribe import OpenAITranscriber, audio_filename, open_transcriber
 from tests.fakes.media import FakeMediaHost, MediaFile
 from tests.fakes.openai import FakeOpenAI, audio_key
-from tests.support.services import free_port
+from tests.support.services import LOOPBACK, free_port
 
 KEY = "sk-test-0123456789abcdef"
 # The start of an Ogg page, then filler: what a WhatsApp voice note looks like to us.
@@ -57,7 +58,8 @@ async def serve() -> AsyncIterator[Serve]:
 
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
+    """The guarded session media is fetched with, let through to the loopback file hosts."""
+    async with crawler_session(LOOPBACK) as session:
         yield session
 
 
@@ -191,7 +193,12 @@ async def test_credentials_go_to_the_first_host_and_a_signed_url_elsewhere_gets_
     api_server = await serve(api.app())
 
     media = await fetch_media(
-        http, str(api_server.make_url(MEDIA_PATH)), auth=TWILIO_AUTH, max_bytes=10**6, timeout=2
+        http,
+        str(api_server.make_url(MEDIA_PATH)),
+        auth=TWILIO_AUTH,
+        provider=(str(api_server.make_url("")),),
+        max_bytes=10**6,
+        timeout=2,
     )
 
     assert media.data == VOICE_NOTE
@@ -211,7 +218,12 @@ async def test_aiohttp_basic_auth_is_taken_too(serve: Serve, http: aiohttp.Clien
     ):  # aiohttp 3.14 deprecates BasicAuth
         auth = aiohttp.BasicAuth(*TWILIO_AUTH)
     media = await fetch_media(
-        http, str(server.make_url("/f")), auth=auth, max_bytes=10**6, timeout=2
+        http,
+        str(server.make_url("/f")),
+        auth=auth,
+        provider=(str(server.make_url("")),),
+        max_bytes=10**6,
+        timeout=2,
     )
     assert media.data == VOICE_NOTE
 
@@ -231,6 +243,7 @@ async def test_an_authorization_header_is_dropped_on_a_redirect_to_another_host(
         http,
         str(graph_server.make_url("/media/1")),
         headers={"authorization": "Bearer meta-token", "User-Agent": "parley-test"},
+        provider=(str(graph_server.make_url("")),),
         max_bytes=10**6,
         timeout=2,
     )
@@ -265,6 +278,87 @@ async def test_a_redirect_to_another_scheme_or_nowhere_is_refused(
     for path in ("/ftp", "/empty"):
         error = await _fetch_failure(http, str(server.make_url(path)))
         assert (error.reason, error.transient) == ("redirect", False)
+
+
+# -- the outbound guard ---------------------------------------------------------------------
+
+# The fake file hosts listen on loopback; a test lets the guard through to exactly the ones
+# it names, as PARLEY_MEDIA_ALLOW_NETWORKS would.
+OUTSIDE = ipaddress.ip_network("127.0.0.2/32")
+
+
+async def test_media_is_fetched_only_through_the_outbound_guard(serve: Serve) -> None:
+    host = FakeMediaHost(files={"/voice": MediaFile(VOICE_NOTE)})
+    server = await serve(host.app())
+    async with aiohttp.ClientSession() as plain:
+        with pytest.raises(TypeError, match="crawler_session"):
+            await fetch_media(plain, str(server.make_url("/voice")), max_bytes=10**6, timeout=2)
+    assert host.requests == []
+
+
+@pytest.mark.parametrize(
+    "inside",
+    ["http://127.0.0.1:{port}/secret", "http://localhost:{port}/secret", "http://[::1]:{port}/"],
+)
+async def test_a_redirect_to_a_private_address_is_refused_at_connect_time(
+    serve: Serve, inside: str
+) -> None:
+    """A public-looking media host that sends the download on to the machine itself."""
+    internal = FakeMediaHost(files={"/secret": MediaFile(b"root:x:0:0", "audio/ogg")})
+    internal_server = await serve(internal.app())
+    outside = FakeMediaHost(redirects={"/m": inside.format(port=internal_server.port)})
+    outside_server = await serve(outside.app(), host="127.0.0.2")
+
+    async with crawler_session([OUTSIDE]) as guarded:
+        error = await _fetch_failure(guarded, str(outside_server.make_url("/m")))
+
+    assert (error.reason, error.transient) == ("refused", False)
+    assert outside.paths() == ["/m"]
+    assert internal.requests == []  # checked on the address connected to: never reached
+
+
+@pytest.mark.parametrize(
+    "url", ["http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/", "http://[fd00::1]/"]
+)
+async def test_a_private_media_url_is_refused_without_a_connection(url: str) -> None:
+    async with crawler_session([OUTSIDE]) as guarded:
+        started = time.monotonic()
+        error = await _fetch_failure(guarded, url, timeout=5.0)
+    assert (error.reason, error.transient) == ("refused", False)
+    assert time.monotonic() - started < 1.0  # refused before any connection is tried
+
+
+async def test_credentials_go_only_to_the_providers_own_origin(serve: Serve) -> None:
+    """A media URL on another host gets no credentials at all, not even on its first hop."""
+    elsewhere = FakeMediaHost(files={"/m": MediaFile(VOICE_NOTE)})
+    elsewhere_server = await serve(elsewhere.app(), host="127.0.0.2")
+    provider = FakeMediaHost(authorization=TWILIO_BASIC, files={"/m": MediaFile(VOICE_NOTE)})
+    provider_server = await serve(provider.app())
+    base = str(provider_server.make_url(""))
+
+    async with crawler_session(LOOPBACK) as guarded:
+        for server in (elsewhere_server, provider_server):
+            media = await fetch_media(
+                guarded,
+                str(server.make_url("/m")),
+                auth=TWILIO_AUTH,
+                provider=(base,),
+                max_bytes=10**6,
+                timeout=2,
+            )
+            assert media.data == VOICE_NOTE
+
+    assert [seen.authorization for seen in elsewhere.requests] == [None]
+    assert [seen.authorization for seen in provider.requests] == [TWILIO_BASIC]
+
+
+@pytest.mark.parametrize("kind", ["text/html", "application/json", "text/plain"])
+async def test_a_body_that_is_no_media_is_not_read(serve: Serve, kind: str) -> None:
+    host = FakeMediaHost(files={"/page": MediaFile(b"<h1>Staff passwords</h1>", kind)})
+    server = await serve(host.app())
+    async with crawler_session(LOOPBACK) as guarded:
+        error = await _fetch_failure(guarded, str(server.make_url("/page")))
+    assert (error.reason, error.transient) == ("not_media", False)
 
 
 def _tls_contexts(folder: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
@@ -313,7 +407,7 @@ async def test_a_redirect_from_https_down_to_http_is_refused(serve: Serve, tmp_p
     secure_server = await serve(secure.app(), tls=server_tls)
     assert secure_server.scheme == "https"
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls)) as http:
+    async with crawler_session(LOOPBACK, tls=client_tls) as http:
         # https to https is fine (a relative Location included)...
         media = await fetch_media(
             http, str(secure_server.make_url("/same")), max_bytes=10**6, timeout=2
@@ -429,7 +523,7 @@ async def test_a_slow_or_unreachable_api_is_transient(openai_fake: tuple[FakeOpe
 
 
 async def test_a_twilio_voice_note_from_download_to_text(
-    serve: Serve, http: aiohttp.ClientSession, openai_fake: tuple[FakeOpenAI, str]
+    serve: Serve, openai_fake: tuple[FakeOpenAI, str]
 ) -> None:
     fake, url = openai_fake
     fake.transcripts[audio_key(VOICE_NOTE)] = "Can I still change my address?"
@@ -439,17 +533,26 @@ async def test_a_twilio_voice_note_from_download_to_text(
         authorization=TWILIO_BASIC, redirects={MEDIA_PATH: str(cdn_server.make_url("/m/ME0123"))}
     )
     api_server = await serve(api.app())
-    settings = _settings(llm_base_url=url, llm_api_key=KEY, transcribe_model="whisper-1")
+    settings = _settings(
+        llm_base_url=url,
+        llm_api_key=KEY,
+        transcribe_model="whisper-1",
+        twilio_api_base=str(api_server.make_url("")),
+        # the fake API and its "CDN", both on loopback, named explicitly
+        media_allow_networks="127.0.0.1/32,127.0.0.2/32",
+    )
     transcriber = open_transcriber(settings)
     assert transcriber is not None
 
-    media = await fetch_media(
-        http,
-        str(api_server.make_url(MEDIA_PATH)),
-        auth=TWILIO_AUTH,
-        max_bytes=settings.media_max_bytes,
-        timeout=settings.media_timeout_seconds,
-    )
+    async with media_session(settings) as http:
+        media = await fetch_media(
+            http,
+            str(api_server.make_url(MEDIA_PATH)),
+            auth=TWILIO_AUTH,
+            provider=(str(settings.twilio_api_base),),
+            max_bytes=settings.media_max_bytes,
+            timeout=settings.media_timeout_seconds,
+        )
     text = await transcriber.transcribe(media.data, content_type=media.content_type)
     await transcriber.close()
 
@@ -495,6 +598,14 @@ def test_media_limits_default_and_come_from_the_environment(
     defaults = _settings()
     assert (defaults.media_max_bytes, defaults.media_timeout_seconds) == (16 * 1024 * 1024, 20.0)
     assert defaults.transcribe_model is None
+    assert defaults.media_allow_networks == []  # public addresses only
     no_parley_environment.setenv("PARLEY_MEDIA_MAX_BYTES", "5000000")
     no_parley_environment.setenv("PARLEY_MEDIA_TIMEOUT_SECONDS", "7.5")
+    no_parley_environment.setenv("PARLEY_MEDIA_ALLOW_NETWORKS", "10.20.0.0/16, fd00::/8")
     assert (_settings().media_max_bytes, _settings().media_timeout_seconds) == (5_000_000, 7.5)
+    assert _settings().media_allow_networks == [
+        ipaddress.ip_network("10.20.0.0/16"),
+        ipaddress.ip_network("fd00::/8"),
+    ]
+    # the crawler's allow-list is its own
+    assert _settings().crawl_allow_networks == []

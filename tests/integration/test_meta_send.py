@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 from pytest_aiohttp import AiohttpServer
 
@@ -14,12 +13,15 @@ from channels.meta import META
 from channels.meta_send import MetaSender
 from core.delivery import DeliveryError, Template
 from core.errors import MediaUnavailable
+from core.knowledge.outbound import crawler_session
 from core.retrieval.embedders import UseEmbedder
 from core.settings import Settings
 from core.store import Agents, Database
 from core.store.vector_index import EmbedderIdentity
 from tests.conftest import MakeSettings
+from tests.fakes.media import FakeMediaHost, MediaFile
 from tests.fakes.meta import RE_ENGAGEMENT, THROTTLED, Failure, FakeMeta, Media
+from tests.support.services import LOOPBACK
 
 CUSTOMER = "31612345678"
 WAMID = "wamid.HBgLMzE2MTIzNDU2NzgVAgASGBQzQUZBQjY4MEQ4QzE1QjE0NUY1RAA="
@@ -202,7 +204,7 @@ async def test_media_is_fetched_by_its_id_with_the_token_and_bounded(
             **overrides,
         )
 
-    async with aiohttp.ClientSession() as http:
+    async with crawler_session(LOOPBACK) as http:
         data, kind = await META.fetch_media(http, agent, settings(), "1013859600285441")
         assert (data, kind) == (fake.media["1013859600285441"].data, "audio/ogg")
         assert [r["path"] for r in fake.requests] == [
@@ -218,3 +220,31 @@ async def test_media_is_fetched_by_its_id_with_the_token_and_bounded(
             await META.fetch_media(http, agent, settings(), "../../v21.0/me")
         assert not_an_id.value.reason == "url"
         assert len(fake.requests) == 3  # a ref that is no media id never reaches a URL
+
+
+async def test_the_token_goes_to_the_graph_api_and_not_to_another_host(
+    fake: FakeMeta, graph: str, make_settings: MakeSettings, database: Database,
+    use_embedder: UseEmbedder, aiohttp_server: AiohttpServer,
+) -> None:  # fmt: skip
+    """The Graph API is asked for the media's URL with the token; a URL it gives on a host
+    that is not Meta's is read without it."""
+    agent = await Agents(database.pool).create("shop", embedder=EmbedderIdentity.of(use_embedder))
+    voice = b"OggS" + b"\x01" * 500
+    elsewhere = FakeMediaHost(files={"/v/voice.ogg": MediaFile(voice, "audio/ogg")})
+    server = await aiohttp_server(elsewhere.app(), host="127.0.0.2")
+    url = str(server.make_url("/v/voice.ogg").with_query(oh="signed"))
+    fake.media["1013859600285442"] = Media(voice, "audio/ogg", url=url)
+    settings = make_settings(
+        meta_app_secret=fake.app_secret,
+        meta_verify_token="meta-verify-token-0123456789",
+        meta_access_token=fake.access_token,
+        meta_api_base=graph,
+    )
+
+    async with crawler_session(LOOPBACK) as http:
+        data, kind = await META.fetch_media(http, agent, settings, "1013859600285442")
+
+    assert (data, kind) == (voice, "audio/ogg")
+    assert [r["path"] for r in fake.requests] == ["/v21.0/1013859600285442"]
+    assert fake.unauthorized == []  # the Graph API had its token
+    assert [seen.authorization for seen in elsewhere.requests] == [None]

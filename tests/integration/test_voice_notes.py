@@ -4,6 +4,8 @@ A voice note is downloaded with the channel's own credentials (Telegram's getFil
 media URL with Basic auth), transcribed by the OpenAI-compatible fake, and answered like
 text; staff see the transcript in the turn's trace. Without a transcription model, or for a
 picture without a caption, the customer is told in their language what to do instead.
+Downloads go through the outbound guard: a media URL leading to a private address, or to a
+page instead of audio, gets "please type" too, and staff cannot fetch it either.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import AsyncIterator
+from ipaddress import ip_network
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from core.answer.phrases import phrase
 from core.settings import Settings
 from core.store import Agents
+from core.store.staff import StaffAccounts
 from gateway.app import create_app
 from gateway.voice import VoiceNotes, open_voice_notes
 from tests.conftest import MakeSettings
@@ -81,12 +84,11 @@ def _telegram_voice(update_id: int, chat: int, language: str = "en") -> dict[str
 
 
 async def _voice_notes(rig: Rig, settings: Settings) -> AsyncIterator[VoiceNotes]:
-    async with aiohttp.ClientSession() as http:
-        voice = open_voice_notes(settings, http, Agents(rig.database.pool))
-        try:
-            yield voice
-        finally:
-            await voice.close()
+    voice = open_voice_notes(settings, Agents(rig.database.pool))
+    try:
+        yield voice
+    finally:
+        await voice.close()
 
 
 async def _trace(rig: Rig, chat: str) -> tuple[str, dict[str, Any]]:
@@ -147,8 +149,15 @@ async def test_a_whatsapp_voice_note_is_fetched_with_the_accounts_basic_auth(
     assert await add_delivery(
         rig.inbox, rig.agent.id, "whatsapp", payload["MessageSid"], CUSTOMER, payload
     )
+    # The fake stands in for Twilio's API, and media downloads may reach it: both said here.
     voice_settings = _voice_settings(
-        rig, make_settings, url, twilio_account_sid=sid, twilio_auth_token=token
+        rig,
+        make_settings,
+        url,
+        twilio_account_sid=sid,
+        twilio_auth_token=token,
+        twilio_api_base=str(server.make_url("")).rstrip("/"),
+        media_allow_networks=[ip_network("127.0.0.1/32")],
     )
     try:
         async for voice in _voice_notes(rig, voice_settings):
@@ -278,3 +287,218 @@ async def test_staff_listen_to_the_voice_note_beside_its_transcript(
         await client.close()
     # Telegram served the file twice: to the transcription, and to staff.
     assert rig.telegram.downloads == ["voice/file_7.oga", "voice/file_7.oga"]
+
+
+# -- downloads through the outbound guard ----------------------------------------------------
+
+# The fake hosts listen on loopback; each test lets media downloads reach exactly the ones it
+# names (PARLEY_MEDIA_ALLOW_NETWORKS), never more.
+OUTSIDE = ip_network("127.0.0.2/32")
+MEDIA_PATH = "/2010-04-01/Accounts/AC0/Messages/MM0/Media/ME1"
+STAFF_EMAIL = "sam@shop.example"
+STAFF_PASSWORD = "correct horse battery staple"
+
+
+async def _host(host: FakeMediaHost, address: str = "127.0.0.1") -> TestServer:
+    server = TestServer(host.app(), host=address)
+    await server.start_server()
+    return server
+
+
+def _basic(rig: Rig) -> str:
+    sid, token = rig.twilio.account_sid, rig.twilio.auth_token
+    return "Basic " + base64.b64encode(f"{sid}:{token}".encode()).decode()
+
+
+async def _whatsapp_voice_note(rig: Rig, url: str, sid: str, language: str | None = None) -> None:
+    payload = {
+        "MessageSid": sid, "From": CUSTOMER, "To": WHATSAPP_FROM, "Body": "",
+        "NumMedia": "1", "MediaUrl0": url, "MediaContentType0": "audio/ogg",
+    }  # fmt: skip
+    assert await add_delivery(rig.inbox, rig.agent.id, "whatsapp", sid, CUSTOMER, payload)
+    if language is not None:
+        await rig.database.pool.execute(
+            """INSERT INTO conversations (agent_id, channel, conversation_key, language)
+               VALUES ($1, 'whatsapp', $2, $3)""",
+            rig.agent.id,
+            CUSTOMER,
+            language,
+        )
+
+
+def _twilio_settings(
+    rig: Rig, make_settings: MakeSettings, openai_url: str, **more: Any
+) -> Settings:
+    return _voice_settings(
+        rig,
+        make_settings,
+        openai_url,
+        twilio_account_sid=rig.twilio.account_sid,
+        twilio_auth_token=rig.twilio.auth_token,
+        **more,
+    )
+
+
+async def _answer_one(rig: Rig, settings: Settings) -> None:
+    async for voice in _voice_notes(rig, settings):
+        assert await rig.worker(burst_window=0.0, transcripts=voice).process_next()
+
+
+async def test_a_media_url_off_twilio_gets_no_credentials_and_its_redirect_inward_is_refused(
+    rig: Rig, running: Running, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    """A MediaUrl0 on a host that is not Twilio's, sending the download on to the machine
+    itself (where it would find a voice note): the customer is asked to type, in German."""
+    fake, url = openai_fake
+    internal = FakeMediaHost(files={"/secret": MediaFile(VOICE, "audio/ogg")})
+    internal_server = await _host(internal)
+    outside = FakeMediaHost(redirects={MEDIA_PATH: str(internal_server.make_url("/secret"))})
+    outside_server = await _host(outside, "127.0.0.2")
+    await _whatsapp_voice_note(rig, str(outside_server.make_url(MEDIA_PATH)), "SM" + "7" * 32, "de")
+    # Twilio's API is api.twilio.com (the default): the outside host is not the provider's.
+    settings = _twilio_settings(rig, make_settings, url, media_allow_networks=[OUTSIDE])
+    try:
+        await _answer_one(rig, settings)
+    finally:
+        await outside_server.close()
+        await internal_server.close()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.outbox_settled)
+    assert rig.twilio.bodies == [phrase("type_please", "de")]
+    assert [seen.authorization for seen in outside.requests] == [None]
+    assert internal.requests == []
+    assert fake.transcription_requests == []
+    question, trace = await _trace(rig, CUSTOMER)
+    assert question == "[voice]"
+    assert "voice" not in trace  # nothing staff could fetch again
+    assert await rig.statuses() == ["done"]
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "not-listed"])
+async def test_the_providers_local_fake_is_reached_only_when_listed(
+    rig: Rig,
+    running: Running,
+    make_settings: MakeSettings,
+    openai_fake: tuple[FakeOpenAI, str],
+    listed: bool,
+) -> None:
+    """PARLEY_TWILIO_API_BASE at a fake on 127.0.0.1 makes it Twilio's host (it gets the
+    credentials), but the guard lets media through to it only when the media allow-list
+    names it: the crawler's allow-list (loopback, in every test) does not count."""
+    fake, url = openai_fake
+    host = FakeMediaHost(
+        files={MEDIA_PATH: MediaFile(VOICE, "audio/ogg")}, authorization=_basic(rig)
+    )
+    server = await _host(host)
+    await _whatsapp_voice_note(rig, str(server.make_url(MEDIA_PATH)), "SM" + "8" * 32)
+    allowed = [ip_network("127.0.0.1/32")] if listed else []
+    settings = _twilio_settings(
+        rig,
+        make_settings,
+        url,
+        twilio_api_base=str(server.make_url("")).rstrip("/"),
+        media_allow_networks=allowed,
+    )
+    assert settings.crawl_allow_networks  # loopback, for the crawler only
+    try:
+        await _answer_one(rig, settings)
+    finally:
+        await server.close()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.outbox_settled)
+    [reply] = rig.twilio.bodies
+    if listed:
+        assert "2-3 working days" in reply
+        assert [seen.authorization for seen in host.requests] == [_basic(rig)]
+        assert fake.transcription_requests[0]["sha256"] == audio_key(VOICE)
+    else:
+        assert reply == phrase("type_please", "en")
+        assert host.requests == []
+        assert fake.transcription_requests == []
+
+
+async def test_a_voice_note_that_is_no_audio_is_neither_transcribed_nor_kept(
+    rig: Rig, running: Running, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    fake, url = openai_fake
+    page = MediaFile(b"<html><h1>Router admin</h1>password: hunter2</html>", "text/html")
+    host = FakeMediaHost(files={MEDIA_PATH: page}, authorization=_basic(rig))
+    server = await _host(host)
+    await _whatsapp_voice_note(rig, str(server.make_url(MEDIA_PATH)), "SM" + "9" * 32, "nl")
+    settings = _twilio_settings(
+        rig,
+        make_settings,
+        url,
+        twilio_api_base=str(server.make_url("")).rstrip("/"),
+        media_allow_networks=[ip_network("127.0.0.1/32")],
+    )
+    try:
+        await _answer_one(rig, settings)
+    finally:
+        await server.close()
+    running.start(rig.sender().run())
+
+    await wait_until(rig.outbox_settled)
+    assert rig.twilio.bodies == [phrase("type_please", "nl")]
+    assert fake.transcription_requests == []
+    _, trace = await _trace(rig, CUSTOMER)
+    assert "voice" not in trace
+
+
+async def test_staff_cannot_fetch_internal_content_through_a_voice_note(
+    rig: Rig, make_settings: MakeSettings, openai_fake: tuple[FakeOpenAI, str]
+) -> None:
+    """A voice note heard from the provider, whose URL later sends elsewhere: an agent who
+    listens to it gets neither what the machine itself serves nor a page instead of audio."""
+    _, url = openai_fake
+    internal = FakeMediaHost(files={"/secret": MediaFile(b"internal secret", "audio/ogg")})
+    internal_server = await _host(internal)
+    provider = FakeMediaHost(
+        files={MEDIA_PATH: MediaFile(VOICE, "audio/ogg")}, authorization=_basic(rig)
+    )
+    provider_server = await _host(provider, "127.0.0.2")
+    await _whatsapp_voice_note(rig, str(provider_server.make_url(MEDIA_PATH)), "SM" + "1" * 32)
+    settings = _twilio_settings(
+        rig,
+        make_settings,
+        url,
+        admin_token=ADMIN_TOKEN,
+        twilio_api_base=str(provider_server.make_url("")).rstrip("/"),
+        media_allow_networks=[OUTSIDE],
+    )
+    await StaffAccounts(rig.database.pool).create(STAFF_EMAIL, STAFF_PASSWORD, role="agent")
+    client = TestClient(TestServer(create_app(settings)))
+    try:
+        await _answer_one(rig, settings)
+        _, trace = await _trace(rig, CUSTOMER)
+        assert trace["voice"][0]["transcript"] == QUESTION
+        conversation = await rig.database.pool.fetchval(
+            "SELECT id FROM conversations WHERE conversation_key = $1", CUSTOMER
+        )
+        await client.start_server()
+        signed_in = await sign_in(client, email=STAFF_EMAIL, password=STAFF_PASSWORD)
+        assert signed_in.status == 303
+        html = await (await client.get(f"/admin/conversations/{conversation}")).text()
+        [source] = re.findall(r'<audio controls preload="none" src="([^"]+)"', html)
+        listened = await client.get(f"/admin/conversations/{source}")
+        assert (listened.status, await listened.read()) == (200, VOICE)
+
+        # The provider's URL now sends the download to the machine itself...
+        del provider.files[MEDIA_PATH]
+        provider.redirects[MEDIA_PATH] = str(internal_server.make_url("/secret"))
+        inward = await client.get(f"/admin/conversations/{source}")
+        assert inward.status == 404
+        assert b"internal secret" not in await inward.read()
+        assert internal.requests == []
+        # ... or answers with a page instead of audio.
+        del provider.redirects[MEDIA_PATH]
+        provider.files[MEDIA_PATH] = MediaFile(b"<html>hunter2</html>", "text/html")
+        page = await client.get(f"/admin/conversations/{source}")
+        assert page.status == 404
+        assert b"hunter2" not in await page.read()
+    finally:
+        await client.close()
+        await provider_server.close()
+        await internal_server.close()

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from channels.registry import BY_NAME, channel_names
-from core.errors import InvalidInput, NotFound, ParleyError
+from core.errors import InvalidInput, MediaUnavailable, NotFound, ParleyError
 from core.handoff import elapsed
 from core.store.agents import Agent
 from core.store.handoff import LIVE_CHANNEL
@@ -51,7 +51,7 @@ from gateway.admin.schemas import (
     TemplateOut,
     TemplateSendBody,
 )
-from gateway.keys import HTTP, SETTINGS
+from gateway.keys import ANSWERING
 from gateway.middlewares import status_for
 
 PAGE_SIZE = 25
@@ -233,18 +233,26 @@ async def show_with_error(request: web.Request, error: str, status: int) -> web.
 @page
 async def voice_note(request: web.Request) -> web.StreamResponse:
     """A customer's voice note, fetched from their channel with the agent's credentials, so
-    staff can listen beside its transcript (the provider's own link needs those)."""
+    staff can listen beside its transcript (the provider's own link needs those). Fetched
+    the one way the worker fetches it (`gateway.voice.VoiceNotes.download`, through the
+    outbound guard): a link that now leads to a private address, or to a page instead of
+    media, is a 404 and nothing of it is shown."""
     detail = await admin(request).transcripts.get(_conversation_id(request))
     turn_id, number = int(request.match_info["turn"]), int(request.match_info["n"])
     turn = next((t for t in detail.turns if t.id == turn_id), None)
     notes = turn.trace.get("voice") if turn is not None else None
-    channel = BY_NAME.get(detail.conversation.channel)
-    if channel is None or not isinstance(notes, list) or number >= len(notes):
+    channel = detail.conversation.channel
+    if channel not in BY_NAME or not isinstance(notes, list) or number >= len(notes):
         raise NotFound("no such voice note in this conversation")
     agent = await admin(request).agents.get(detail.conversation.agent)
-    data, kind = await channel.fetch_media(
-        request.app[HTTP], agent, request.app[SETTINGS], str(notes[number].get("media", ""))
-    )
+    try:
+        data, kind = await request.app[ANSWERING].voice.download(
+            agent, channel, str(notes[number].get("media", ""))
+        )
+    except MediaUnavailable as exc:
+        if exc.transient:
+            raise
+        raise NotFound("this voice note can no longer be fetched") from None
     kind = kind.split(";")[0].strip().lower()
     headers = {"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"}
     if not kind.startswith("audio/"):
