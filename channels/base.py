@@ -10,7 +10,7 @@ console and OpenAPI loop over it, so adding a channel is a module and a line in 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -20,6 +20,7 @@ from aiohttp import web
 from channels.citations import reply_parts
 from channels.credentials import CredentialField, Credentials, resolve_credentials
 from core.delivery import SourceLink, Template
+from core.ports import Cache
 from core.settings import Settings
 from core.store.agents import Agent, Agents
 from core.store.inbox import Inbox
@@ -31,16 +32,20 @@ log = logging.getLogger(__name__)
 class ChannelContext:
     """What a channel's webhook handlers work with. The gateway mounts the routes when it is
     built and binds the stores when it starts (the database is open only then); handlers read
-    them per request."""
+    them per request. ``client`` tells who sent a request as rate limits count senders (the
+    gateway's: a trusted proxy's word, an IPv6 address as its /64)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, client: Callable[[web.Request], str] | None = None
+    ) -> None:
         self.settings = settings
-        self._stores: tuple[Agents, Inbox, Outbox] | None = None
+        self.client = client or _peer
+        self._stores: tuple[Agents, Inbox, Outbox, Cache] | None = None
 
-    def bind(self, agents: Agents, inbox: Inbox, outbox: Outbox) -> None:
-        self._stores = (agents, inbox, outbox)
+    def bind(self, agents: Agents, inbox: Inbox, outbox: Outbox, cache: Cache) -> None:
+        self._stores = (agents, inbox, outbox, cache)
 
-    def _bound(self) -> tuple[Agents, Inbox, Outbox]:
+    def _bound(self) -> tuple[Agents, Inbox, Outbox, Cache]:
         if self._stores is None:
             raise RuntimeError("the channel's stores are bound when the gateway starts")
         return self._stores
@@ -56,6 +61,14 @@ class ChannelContext:
     @property
     def outbox(self) -> Outbox:
         return self._bound()[2]
+
+    @property
+    def cache(self) -> Cache:
+        return self._bound()[3]
+
+
+def _peer(request: web.Request) -> str:
+    return request.remote or "unknown"
 
 
 @dataclass(frozen=True, slots=True)

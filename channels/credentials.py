@@ -54,6 +54,9 @@ class CredentialField:
 
     ``secret`` fields are stored sealed and never shown back; ``required`` ones must be set
     for the channel's webhooks to be verified at all; ``pattern`` is what a value must match.
+    ``accepts``, when the rule was made stricter, is what a value stored under the old rule
+    may be: still used, so that an upgrade cuts no channel off, with a warning (once per
+    value) that ends with ``renew`` (``{agent}`` is the agent's slug).
     """
 
     name: str
@@ -63,6 +66,8 @@ class CredentialField:
     required: bool = False
     pattern: str | None = None
     help: str = ""
+    accepts: str | None = None
+    renew: str = "set a new one"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,13 +159,30 @@ def _secret(
     return SecretStr(text)
 
 
-def _checked(title: str, where: str, spec: CredentialField, value: str | SecretStr | None) -> None:
+def _checked(
+    title: str,
+    where: str,
+    spec: CredentialField,
+    value: str | SecretStr | None,
+    agent: Agent | None = None,
+    block_name: str = "",
+) -> None:
     """A required field (what verifies the webhooks) of the wrong form verifies nothing; the
-    others are checked when staff set them (the admin API)."""
+    others are checked when staff set them (the admin API). An agent's value that only the
+    older rule (``accepts``) allows is used, and warned about."""
     if value is None or not spec.required:
         return
     plain = value.get_secret_value() if isinstance(value, SecretStr) else value
     if spec.pattern is not None and not re.fullmatch(spec.pattern, plain):
+        if agent is not None and spec.accepts is not None and re.fullmatch(spec.accepts, plain):
+            _warn_once(
+                agent,
+                f"credentials.weak agent={agent.slug} field=settings.{block_name}.{spec.name}: "
+                f"stored before Parley needed {spec.help or spec.pattern}; "
+                f"{spec.renew.format(agent=agent.slug)}",
+                value,
+            )
+            return
         raise ChannelNotConfigured(
             f"{where}: {spec.name} does not have the form {title} needs "
             f"({spec.help or spec.pattern})"
@@ -191,7 +213,7 @@ def resolve_credentials(
                 raise ChannelNotConfigured(
                     f"{where} has no {spec.name}; {title} webhooks cannot be verified"
                 )
-            _checked(title, where, spec, value)
+            _checked(title, where, spec, value, agent, block_name)
             values[spec.name] = value
         return Credentials(values, source="agent")
     for spec in fields:

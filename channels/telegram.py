@@ -1,9 +1,11 @@
 """Telegram, inbound: check the secret header, write the inbox row, answer ``{}`` at once.
 
 Modelled on python-telegram-bot's own webhook handler: 403 unless the request is JSON and
-carries the secret given to ``setWebhook``; then parse, hand over, 200. The body is read by
-`channels.inbound` and the Update checked against the Bot API's types for what is read of
-it, so a malformed one is a 400 that stores nothing. The reply is sent later by a worker
+carries the secret given to ``setWebhook``; then parse, hand over, 200. Wrong secrets spend
+the sending address's budget (`core.wrong_secrets`): past it, 429 with ``Retry-After``; the
+right secret is never counted, so Telegram is not held back by anyone's guessing. The body
+is read by `channels.inbound` and the Update checked against the Bot API's types for what is
+read of it, so a malformed one is a 400 that stores nothing. The reply is sent later by a worker
 (`channels.telegram_send`); a re-delivered ``update_id`` is a no-op.
 """
 
@@ -24,17 +26,23 @@ from channels.base import ChannelBase, ChannelContext, SenderSpec, WebhookDoc
 from channels.credentials import ChannelNotConfigured, CredentialField, Credentials
 from channels.inbound import find_agent, read_json, validated
 from channels.telegram_send import TelegramSender
-from core.errors import Forbidden, InvalidInput
+from core.errors import Forbidden, InvalidInput, RateLimited
 from core.inbound import FeedbackAnswer, InboundMessage, MediaItem, MediaKind
 from core.settings import Settings
 from core.store.agents import Agent
 from core.store.inbox import Inbox
 from core.turns import clean_payload
+from core.wrong_secrets import WrongSecrets
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "telegram"
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"  # noqa: S105 (a header name)
+# What setWebhook's secret_token may hold (the Bot API allows 1-256 of these characters;
+# fewer than 32 could be guessed), and what a secret stored before that rule may still be.
+SECRET_ALPHABET = "A-Za-z0-9_-"  # noqa: S105 (a character class, not a secret)
+MIN_SECRET_CHARS = 32
+MAX_SECRET_CHARS = 256
 # What a visitor can send besides text; answered (with "please type your question") in
 # private chats only: in a group, a photo is rarely meant for the bot.
 _MEDIA = ("photo", "sticker", "voice", "audio", "video", "video_note", "animation", "document")
@@ -250,8 +258,10 @@ class TelegramBot(ChannelBase):
             "telegram_webhook_secret",
             secret=True,
             required=True,
-            pattern=r"[A-Za-z0-9_-]{1,256}",
-            help="1-256 characters of A-Z, a-z, 0-9, _ and -",
+            pattern=f"[{SECRET_ALPHABET}]{{{MIN_SECRET_CHARS},{MAX_SECRET_CHARS}}}",
+            help=f"{MIN_SECRET_CHARS}-{MAX_SECRET_CHARS} characters of A-Z, a-z, 0-9, _ and -",
+            accepts=f"[{SECRET_ALPHABET}]{{1,{MAX_SECRET_CHARS}}}",
+            renew="run `parley telegram set-webhook --agent {agent}` to replace it",
         ),
     )
     limit = TelegramSender.limit
@@ -321,7 +331,7 @@ class TelegramWebhook:
     async def webhook(self, request: web.Request) -> web.Response:
         """``POST /webhooks/telegram/{agent}``: one Update from the Bot API."""
         agent = await find_agent(self._context.agents, request.match_info["agent"])
-        self._verify(agent, request)
+        await self._verify(agent, request)
         handled = await store_update(
             self._context.inbox, agent, _json_object(await read_json(request))
         )
@@ -337,8 +347,9 @@ class TelegramWebhook:
             )
         return web.json_response({})
 
-    def _verify(self, agent: Agent, request: web.Request) -> None:
-        """403 unless the request is JSON with the agent's secret, checked before parsing."""
+    async def _verify(self, agent: Agent, request: web.Request) -> None:
+        """403 unless the request is JSON with the agent's secret, checked before parsing;
+        429 once the sender's address has sent too many wrong secrets."""
         try:
             secret = self._credentials(agent).secret("webhook_secret")
         except ChannelNotConfigured:
@@ -346,12 +357,20 @@ class TelegramWebhook:
             raise
         given = request.headers.get(SECRET_HEADER, "")
         reason = None
-        if request.content_type != "application/json":
-            reason = "content_type"
-        elif not hmac.compare_digest(
+        if not hmac.compare_digest(
             given.encode(errors="replace"), secret.get_secret_value().encode() if secret else b""
         ):
             reason = "missing_secret" if not given else "wrong_secret"
+            client = self._context.client(request)
+            try:
+                await WrongSecrets(self._context.cache, "telegram:webhook").failed(
+                    client, "too many wrong webhook secrets from this address; try again later"
+                )
+            except RateLimited:
+                log.warning("telegram.webhook.throttled agent=%s client=%s", agent.slug, client)
+                raise
+        elif request.content_type != "application/json":
+            reason = "content_type"
         if reason is not None:
             log.warning("telegram.webhook.rejected agent=%s reason=%s", agent.slug, reason)
             raise Forbidden(f"not a webhook call from Telegram ({reason})")

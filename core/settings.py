@@ -42,9 +42,18 @@ def _redis_url(value: SecretStr) -> SecretStr:
 
 
 def _telegram_secret(value: SecretStr) -> SecretStr:
-    # Telegram's own rule for setWebhook(secret_token=...).
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", value.get_secret_value()):
-        raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
+    # Telegram's own rule for setWebhook(secret_token=...), and long enough not to be guessed:
+    # it is all that tells a webhook call from Telegram apart from anyone's.
+    secret = value.get_secret_value()
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", secret):
+        raise ValueError("must be made of A-Z, a-z, 0-9, _ and - only")
+    if len(secret) < MIN_TOKEN_CHARS:
+        raise ValueError(
+            f"must be at least {MIN_TOKEN_CHARS} characters long "
+            "(make one with: openssl rand -hex 32)"
+        )
+    if len(secret) > 256:
+        raise ValueError("must be at most 256 characters long")
     return value
 
 

@@ -25,7 +25,7 @@ from core.store.inbox import Inbox
 from core.store.outbox import Outbox
 from gateway import health, routes
 from gateway.admin.setup import setup_admin
-from gateway.client_address import PROXY_TRUST, ProxyTrust, client_address
+from gateway.client_address import PROXY_TRUST, ProxyTrust, client_address, subscriber
 from gateway.demo import DemoSite, demo_routes, widget_routes
 from gateway.keys import (
     ANSWERING,
@@ -90,7 +90,10 @@ async def _runtime(app: web.Application) -> AsyncIterator[None]:
         app[EMBEDDER] = runtime.embedder
         app[HTTP] = runtime.http
         app[CHANNEL_CONTEXT].bind(
-            runtime.agents, Inbox(runtime.database.pool), Outbox(runtime.database.pool)
+            runtime.agents,
+            Inbox(runtime.database.pool),
+            Outbox(runtime.database.pool),
+            runtime.cache,
         )
         yield
 
@@ -182,7 +185,9 @@ def create_app(
     app[PROXY_TRUST] = ProxyTrust.of(settings)
     app[SETTINGS] = settings
     app[METRICS] = HttpMetrics()
-    context = app[CHANNEL_CONTEXT] = ChannelContext(settings)
+    context = app[CHANNEL_CONTEXT] = ChannelContext(
+        settings, client=lambda request: subscriber(client_address(request))
+    )
     app.cleanup_ctx.extend([_runtime, _handoff, _channels])
     app.on_shutdown.append(_end_streams)
     setup_admin(app)

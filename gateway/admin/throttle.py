@@ -6,8 +6,9 @@ What is slowed is failing, never the owner of an account:
   try waits, 1 s after the fifth failure and twice as long after each next one, up to
   ``LONGEST_WAIT``. Nobody else's failures, from other addresses, make an owner wait, so an
   account cannot be locked by guessing at it;
-- each address may fail ``ADDRESS_LIMIT`` (a token bucket) across all accounts, against one
-  address trying a few passwords on each of many accounts;
+- each address may fail ``ADDRESS_LIMIT`` (`core.wrong_secrets`, the budget wrong webhook
+  secrets spend too) across all accounts, against one address trying a few passwords on
+  each of many accounts;
 - a browser that has signed in to the account before (its device cookie,
   `core.store.staff.StaffAccounts.device_owner`) is counted on its own instead: its own
   failures back off as a pair's do, and nobody else's count, so a guesser behind the owner's
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from core.errors import RateLimited
 from core.ports import Cache
+from core.wrong_secrets import WrongSecrets
 from gateway.client_address import subscriber
 
 log = logging.getLogger(__name__)
@@ -36,8 +38,6 @@ FREE_FAILURES = 5
 FIRST_WAIT = 1.0  # seconds, after the FREE_FAILURES-th failure in a row
 LONGEST_WAIT = 15 * 60.0
 FORGET_AFTER = 24 * 3600.0  # a pair's failures are forgotten this long after the first
-# Failures from one address, whatever the account: (tokens a second, burst).
-ADDRESS_LIMIT = (1 / 30, 20.0)
 
 
 def wait_before(attempt: int) -> float:
@@ -61,16 +61,18 @@ class SignInThrottle:
 
     def __init__(self, cache: Cache) -> None:
         self._cache = cache
+        self._addresses = WrongSecrets(cache, "admin:sign-in")
 
     @staticmethod
     def _keys(account: str, address: str, device: str | None) -> tuple[str, str, str | None]:
-        """The pair's counter and gate, and the address's budget (None for a known device)."""
+        """The pair's counter and gate, and the client whose budget the try spends (None for
+        a known device)."""
         if device is not None:
             pair = f"admin:sign-in:backoff:{account}:device:{device}"
             return pair, pair + ":gate", None
         client = subscriber(address)
         pair = f"admin:sign-in:backoff:{account}:{client}"
-        return pair, pair + ":gate", f"admin:sign-in:address:{client}"
+        return pair, pair + ":gate", client
 
     async def begin(self, account: str, address: str, device: str | None = None) -> Attempt:
         """Admit a try at ``account``'s credentials from ``address``, or raise `RateLimited`.
@@ -79,10 +81,9 @@ class SignInThrottle:
         ``device`` is the nonce of the browser's device token when it was made for this
         account: the try is then counted for that browser alone.
         """
-        count, gate, budget = self._keys(account, address, device)
-        rate, burst = ADDRESS_LIMIT
-        if budget is not None:
-            spent = await self._cache.take_token(budget, rate=rate, capacity=burst)
+        count, gate, client = self._keys(account, address, device)
+        if client is not None:
+            spent = await self._addresses.take(client)
             if not spent.allowed:
                 log.info("admin.sign_in.throttled scope=address address=%s", address)
                 raise RateLimited("too many failed sign-ins; try again later", spent.retry_after)
@@ -94,8 +95,8 @@ class SignInThrottle:
                 opened = await self._cache.take_token(gate, rate=1 / wait, capacity=1.0)
                 if not opened.allowed:
                     await self._cache.incr(count, -1)
-                    if budget is not None:
-                        await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)
+                    if client is not None:
+                        await self._addresses.give_back(client)
                     log.info(
                         "admin.sign_in.throttled scope=%s address=%s",
                         "account" if device is None else "device",
@@ -113,8 +114,7 @@ class SignInThrottle:
 
     async def succeeded(self, attempt: Attempt) -> None:
         """The credentials were right: the pair starts afresh, the address gets its try back."""
-        count, gate, budget = self._keys(attempt.account, attempt.address, attempt.device)
+        count, gate, client = self._keys(attempt.account, attempt.address, attempt.device)
         await self._cache.delete(count, gate)
-        if budget is not None:
-            rate, burst = ADDRESS_LIMIT
-            await self._cache.take_token(budget, rate=rate, capacity=burst, cost=-1)
+        if client is not None:
+            await self._addresses.give_back(client)

@@ -1,4 +1,9 @@
-"""`parley telegram set-webhook` (register the agent's webhook) and `poll` (local development)."""
+"""`parley telegram set-webhook` (register the agent's webhook) and `poll` (local development).
+
+An agent with a bot of its own but no webhook secret, or one weaker than Parley now needs
+(stored by an earlier version), is given a new one by ``set-webhook``: random, stored
+encrypted in its settings and registered with Telegram, never printed.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import re
+import secrets
 import signal
 import sys
 import warnings
@@ -18,11 +25,18 @@ from telegram.error import Conflict as TelegramConflict
 from telegram.error import InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
 
-from channels.credentials import ChannelNotConfigured
-from channels.telegram import TELEGRAM, store_update
+from channels.credentials import ChannelNotConfigured, CredentialsUnreadable, own_credentials
+from channels.telegram import (
+    MAX_SECRET_CHARS,
+    MIN_SECRET_CHARS,
+    SECRET_ALPHABET,
+    TELEGRAM,
+    store_update,
+)
 from channels.telegram_send import TelegramSender
 from core.delivery import DeliveryError
 from core.errors import ConfigError, Conflict, InvalidInput, ParleyError, Unavailable
+from core.keyring import Keyring
 from core.logcontext import configure_logging
 from core.settings import Settings
 from core.store import Agents
@@ -37,6 +51,7 @@ MAX_CONNECTIONS = 40
 POLL_TIMEOUT = 25  # seconds a getUpdates call waits for news
 _WEBHOOK_PORTS = (443, 80, 88, 8443)  # the only ports Telegram calls
 _BACKOFF_MAX = 30.0
+_STRONG = re.compile(f"[{SECRET_ALPHABET}]{{{MIN_SECRET_CHARS},{MAX_SECRET_CHARS}}}")
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,7 +83,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 async def run(args: argparse.Namespace, runtime: Runtime) -> int:
     agent = await Agents(runtime.database.pool).get(args.agent)
     if args.action == "set-webhook":
-        return await set_webhook(agent, runtime.settings, args.url)
+        return await set_webhook(agent, runtime.settings, args.url, runtime.agents)
     configure_logging(runtime.settings.log_level)  # runs until stopped, so it logs as a worker
     return await poll(agent, runtime, wait=args.timeout)
 
@@ -133,8 +148,35 @@ async def _open_bot(sender: TelegramSender, token: str, api_base: str) -> Bot:
         raise _refused(exc, token, api_base) from None
 
 
-async def set_webhook(agent: Agent, settings: Settings, url: str | None) -> int:
+async def _with_strong_secret(agent: Agent, settings: Settings, agents: Agents) -> Agent:
+    """The agent, given a new webhook secret when its own Telegram block has none or a weak
+    one. The environment's is checked when the settings are read (`core.settings`)."""
+    block = agent.settings.get("telegram")
+    if not isinstance(block, dict) or not own_credentials(block):
+        return agent
+    if block.get("webhook_secret"):
+        try:
+            stored = TELEGRAM.credentials(agent, settings).secret("webhook_secret")
+        except CredentialsUnreadable:
+            raise  # the key it was sealed with is needed here: nothing is replaced without it
+        except ChannelNotConfigured:
+            stored = None  # of a form no Telegram secret has: replaced like a missing one
+        if stored is not None and _STRONG.fullmatch(stored.get_secret_value()):
+            return agent
+    # 32 random bytes in URL-safe base64: 43 characters, all of Telegram's alphabet.
+    made = secrets.token_urlsafe(32)
+    sealing = agents.unremembered(Keyring.from_settings(settings))
+    updated = await sealing.update(
+        agent.slug, settings={**agent.settings, "telegram": {**block, "webhook_secret": made}}
+    )
+    log.info("telegram.webhook.secret_made agent=%s", agent.slug)
+    print(f"stored a new webhook secret for {agent.slug} (encrypted; it is not shown)")
+    return updated
+
+
+async def set_webhook(agent: Agent, settings: Settings, url: str | None, agents: Agents) -> int:
     url = _webhook_url(agent, settings, url)
+    agent = await _with_strong_secret(agent, settings, agents)
     secret = TELEGRAM.credentials(agent, settings).secret("webhook_secret")
     if secret is None:  # a required field: `credentials` refuses a block without it
         raise ChannelNotConfigured(f"no Telegram webhook secret for agent {agent.slug!r}")

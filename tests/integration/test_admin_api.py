@@ -222,13 +222,16 @@ async def test_channel_credentials_are_write_only(admin: Admin) -> None:
                     "auth_token": TWILIO_TOKEN,
                     "whatsapp_from": "whatsapp:+3197010000000",
                 },
-                "telegram": {"bot_token": BOT_TOKEN, "webhook_secret": "hook-secret_1"},
+                "telegram": {
+                    "bot_token": BOT_TOKEN,
+                    "webhook_secret": "hook-secret_1-0123456789abcdefghijklm",
+                },
             }
         },
     )
     assert status == 200, agent
     shown = json.dumps(agent)
-    for secret in (TWILIO_TOKEN, BOT_TOKEN, "hook-secret_1"):
+    for secret in (TWILIO_TOKEN, BOT_TOKEN, "hook-secret_1-0123456789abcdefghijklm"):
         assert secret not in shown
     # Every channel of the registry is listed (tests/integration/test_admin_channels.py);
     # these two were given credentials here.

@@ -38,7 +38,7 @@ from gateway.app import create_app
 from tests.conftest import MakeSettings
 
 TWILIO_TOKEN = "fuzz-twilio-token-0123456789abcdef"
-TELEGRAM_SECRET = "fuzz-telegram-secret-0123456789"
+TELEGRAM_SECRET = "fuzz-telegram-secret-0123456789-abcdef"
 FORM = "application/x-www-form-urlencoded"
 # Every table a request from outside may write to.
 TABLES = ("inbox", "outbox", "conversations", "messages", "turns", "usage", "content_gaps")

@@ -40,7 +40,7 @@ from tests.support.waiting import wait_until
 
 VISITOR = "whatsapp:+31612345678"
 WHATSAPP_FROM = "whatsapp:+14155238886"
-TELEGRAM_SECRET = "handoff-secret_0123456789"
+TELEGRAM_SECRET = "handoff-secret_0123456789-abcdefghijklm"
 CHAT_ID = 424242
 SESSION = "session-handoff-0001"
 PAGES = [

@@ -45,7 +45,7 @@ PAGES = [
      "text": "# Returns\nYou can return any item within 30 days. Refunds arrive within 5 working days."},
 ]  # fmt: skip
 WHATSAPP_FROM = "whatsapp:+14155238886"
-TELEGRAM_SECRET = "outage-secret-0123456789"
+TELEGRAM_SECRET = "outage-secret-0123456789-abcdefghijklmn"
 ADMIN_TOKEN = "admin-token-for-outage-tests-0123"
 # Per-session bucket: three messages, then (practically) no refill during a test.
 SESSION_LIMIT = [0.001, 3]

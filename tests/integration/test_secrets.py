@@ -33,7 +33,7 @@ from tests.support.cli import run_parley
 
 ADMIN_TOKEN = "admin-token-for-secrets-tests-0123456789"
 NEW_KEY = "xy5pXZq8iH2PXdhudv0dFUnD2nG2WW2TThGsWbCzmWY="
-WEBHOOK_SECRET = "agent-webhook-secret_0123456789"
+WEBHOOK_SECRET = "agent-webhook-secret_0123456789-abcdef"
 CUSTOMER = "whatsapp:+31612345678"
 CHAT_ID = 555000111
 

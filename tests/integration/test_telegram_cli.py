@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,8 @@ from tests.fakes.telegram import FakeTelegram
 from tests.integration.test_telegram_webhook import GROUP, start_command, text, update
 from tests.support.cli import PARLEY, clean_env
 
-SECRET = "env-Secret_token-0123456789"
-AGENT_SECRET = "agent-secret-9876543210"
+SECRET = "env-Secret_token-0123456789-abcdefghijkl"
+AGENT_SECRET = "agent-secret-9876543210-ZYXWVUTSRQPONMLK"
 PUBLIC_URL = "https://support.example.com"
 WRONG_TOKEN = "111111111:AAWrongTokenWrongTokenWrongToken_00"
 
@@ -137,6 +138,7 @@ async def test_set_webhook_errors_are_one_line_and_call_nothing(setup: Setup) ->
         ({}, ["--url", "https://example.com:9000/hook"], "ports 443, 80, 88 and 8443"),
         ({"TELEGRAM_BOT_TOKEN": ""}, [], "set TELEGRAM_BOT_TOKEN"),
         ({"TELEGRAM_WEBHOOK_SECRET": ""}, [], "set TELEGRAM_WEBHOOK_SECRET"),
+        ({"TELEGRAM_WEBHOOK_SECRET": "too-short_0123456789"}, [], "at least 32 characters"),
     ]
     for env, extra, expected in cases:
         code, out, err = await _parley(setup, "set-webhook", "--agent", "shop", *extra, **env)
@@ -146,6 +148,41 @@ async def test_set_webhook_errors_are_one_line_and_call_nothing(setup: Setup) ->
         assert expected in line
         assert out == ""
     assert setup.fake.calls == []
+
+
+async def test_set_webhook_makes_and_stores_a_strong_secret_when_the_agent_has_none(
+    setup: Setup,
+) -> None:
+    """An agent's own bot without a webhook secret, or with one weaker than Telegram's allow
+    now (stored by an earlier version), gets a new one: random, 43 characters of Telegram's
+    alphabet, stored encrypted, registered, never printed. A strong one is kept."""
+    for stored in (None, "weak-secret_1"):
+        setup.fake.calls.clear()
+        block = {"bot_token": setup.fake.token} | ({"webhook_secret": stored} if stored else {})
+        await setup.agents.update("shop", settings={"telegram": block, "persona_note": "kept"})
+        code, out, err = await _parley(setup, "set-webhook", "--agent", "shop")
+        assert code == 0, err
+        [sent] = _params(setup.fake, "setWebhook")
+        made = sent["secret_token"]
+        assert re.fullmatch(r"[A-Za-z0-9_-]{43}", made), made
+        assert made != stored
+        assert made not in out + err
+        assert "stored a new webhook secret for shop" in out
+        settings = (await setup.agents.get("shop")).settings
+        assert settings["persona_note"] == "kept"
+        bot = settings["telegram"]["bot_token"]  # sealed now, if it was stored in clear
+        if not isinstance(bot, str):
+            bot = Keyring(SECRETS_KEY).open(bot, what="the test").get_secret_value()
+        assert bot == setup.fake.token
+        sealed = settings["telegram"]["webhook_secret"]
+        assert made not in json.dumps(sealed)
+        assert Keyring(SECRETS_KEY).open(sealed, what="the test").get_secret_value() == made
+
+        setup.fake.calls.clear()
+        code, out, err = await _parley(setup, "set-webhook", "--agent", "shop")
+        assert code == 0, err
+        assert [p["secret_token"] for p in _params(setup.fake, "setWebhook")] == [made]
+        assert "stored a new webhook secret" not in out
 
 
 async def test_a_token_telegram_refuses_is_one_line_without_the_token(setup: Setup) -> None:

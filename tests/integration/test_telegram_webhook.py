@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -20,8 +20,10 @@ from core.store.vector_index import EmbedderIdentity
 from gateway.app import create_app
 from tests.conftest import SECRETS_KEY, MakeSettings
 
-SECRET = "env-Secret_token-0123456789"
-AGENT_SECRET = "agent-secret-9876543210"
+SECRET = "env-Secret_token-0123456789-abcdefghijkl"
+AGENT_SECRET = "agent-secret-9876543210-ZYXWVUTSRQPONMLK"
+TOKEN = "admin-token-for-telegram-tests-0123456789"
+BOT_TOKEN = "654321:AAHagent-bot-token_0123456789"
 DATE = 1_717_000_000
 
 USER = {"id": 555000111, "is_bot": False, "first_name": "Anna", "language_code": "nl"}
@@ -60,6 +62,7 @@ class Posted:
     status: int
     content_type: str
     body: Any
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,10 +79,14 @@ class Gateway:
         secret: str | None = SECRET,
         content_type: str = "application/json",
         agent: str = "shop",
+        address: str | None = None,
     ) -> Posted:
+        """Deliver ``body``; from ``address`` (as a trusted proxy says) when given."""
         headers = {"Content-Type": content_type}
         if secret is not None:
             headers["X-Telegram-Bot-Api-Secret-Token"] = secret
+        if address is not None:
+            headers["X-Forwarded-For"] = address
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         async with (
             aiohttp.ClientSession() as session,
@@ -88,7 +95,25 @@ class Gateway:
             ) as response,
         ):
             raw = await response.read()
-            return Posted(response.status, response.content_type, json.loads(raw))
+            return Posted(
+                response.status, response.content_type, json.loads(raw), response.headers.copy()
+            )
+
+    async def admin(self, method: str, path: str, body: Any = None) -> Posted:
+        """The admin API, with the admin token."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                method,
+                f"{self.url}/api/v1/admin{path}",
+                json=body,
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as response,
+        ):
+            raw = await response.read()
+            return Posted(
+                response.status, response.content_type, json.loads(raw), response.headers.copy()
+            )
 
     async def rows(self) -> list[Any]:
         return await self.inbox.rows(self.agent.id, "telegram")
@@ -314,3 +339,93 @@ async def test_the_agents_own_secret_wins_and_no_secret_at_all_refuses(
     assert refused.status == 403
     assert refused.body["error"]["code"] == "channel_not_configured"
     assert [r.provider_message_id for r in await gateway.rows()] == ["700041"]
+
+
+# The test client connects from 127.0.0.1: as a trusted proxy, it says which address each
+# request comes from.
+PROXY = {"trusted_proxies": ["127.0.0.1/32"]}
+
+
+async def test_wrong_secrets_from_one_address_are_throttled_and_the_right_one_never_is(
+    start: StartGateway,
+) -> None:
+    """Wrong secrets are counted per address like wrong staff credentials (20, then one more
+    every 30 s): then 429 with Retry-After, storing nothing. The right secret is never
+    counted or refused, from that address or any other, and another address's wrong ones
+    are its own."""
+    gateway = await start(**PROXY)
+    guesser = "203.0.113.9"
+    statuses = [
+        (await gateway.post(text(700100 + n), secret=f"guess-{n}", address=guesser)).status
+        for n in range(20)
+    ]
+    assert statuses == [403] * 20
+    over = await gateway.post(text(700120), secret="guess-20", address=guesser)
+    assert over.status == 429
+    assert over.body["error"]["code"] == "rate_limited"
+    assert 1 <= int(over.headers["Retry-After"]) <= 30
+    missing = await gateway.post(text(700121), secret=None, address=guesser)
+    assert missing.status == 429
+    assert await gateway.rows() == []
+
+    assert (await gateway.post(text(700122), address="149.154.167.220")).status == 200
+    assert (await gateway.post(text(700123), address=guesser)).status == 200
+    elsewhere = await gateway.post(text(700124), secret="guess", address="198.51.100.7")
+    assert elsewhere.status == 403
+    assert [r.provider_message_id for r in await gateway.rows()] == ["700122", "700123"]
+
+
+@pytest.mark.parametrize(
+    ("secret", "complaint"),
+    [
+        ("hook-secret_1", "32-256 characters"),
+        ("x" * 31, "32-256 characters"),
+        ("x" * 257, "32-256 characters"),
+        ("has spaces but is long enough to pass 32", "A-Z, a-z, 0-9, _ and -"),
+        ("ünïcödé-is-not-what-telegram-takes-0123", "A-Z, a-z, 0-9, _ and -"),
+    ],
+)
+async def test_a_weak_or_malformed_webhook_secret_is_refused_when_set(
+    start: StartGateway, secret: str, complaint: str
+) -> None:
+    gateway = await start(admin_token=TOKEN)
+    refused = await gateway.admin(
+        "PATCH",
+        "/agents/shop",
+        {"channels": {"telegram": {"bot_token": BOT_TOKEN, "webhook_secret": secret}}},
+    )
+    assert refused.status in (400, 422), refused.body
+    message = refused.body["error"]["message"]
+    assert "channels.telegram.webhook_secret" in message
+    assert complaint in message
+    assert secret not in message
+    assert (await gateway.agents.get("shop")).settings == {}
+    strong = "S" * 32
+    accepted = await gateway.admin(
+        "PATCH",
+        "/agents/shop",
+        {"channels": {"telegram": {"bot_token": BOT_TOKEN, "webhook_secret": strong}}},
+    )
+    assert accepted.status == 200, accepted.body
+    assert (await gateway.post(text(700130), secret=strong)).status == 200
+
+
+async def test_a_weak_secret_stored_before_still_works_and_is_warned_about_once(
+    start: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A secret shorter than 32 characters stored by an earlier version is still used, so an
+    upgrade does not cut a bot off; the log says how to replace it, once."""
+    gateway = await start()
+    await gateway.agents.update(
+        "shop", settings={"telegram": {"bot_token": "654321:XYZ-agent", "webhook_secret": "cafe_1"}}
+    )
+    caplog.set_level(logging.WARNING, logger="channels.credentials")
+    assert (await gateway.post(text(700140), secret="cafe_1")).status == 200
+    assert (await gateway.post(text(700141), secret="cafe_1")).status == 200
+    warnings = [r.getMessage() for r in caplog.records if "weak" in r.getMessage()]
+    assert warnings == [
+        "credentials.weak agent=shop field=settings.telegram.webhook_secret: stored before "
+        "Parley needed 32-256 characters of A-Z, a-z, 0-9, _ and -; "
+        "run `parley telegram set-webhook --agent shop` to replace it"
+    ]
+    assert "cafe_1" not in caplog.text

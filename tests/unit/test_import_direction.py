@@ -35,7 +35,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
         "core.slots",
         "core.turns",
     ),
-    ("core.tags",),
+    ("core.tags", "core.wrong_secrets"),
     ("core.cache", "core.llm", "core.store"),
     ("core.handoff", "core.knowledge", "core.privacy", "core.transcribe"),
     # media downloads go out through the crawler's guard (core.knowledge.outbound)

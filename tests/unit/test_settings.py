@@ -39,7 +39,7 @@ def test_environment_and_vendor_names_are_read(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("PARLEY_DATABASE_URL", "postgresql://u:pw@db:5432/parley")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("TWILIO_AUTH_TOKEN", "tw-secret")
-    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", "abc_DEF-123")
+    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", "abc_DEF-123" * 3)
     monkeypatch.setenv("PARLEY_TELEGRAM_API_BASE", "http://127.0.0.1:9999/")
     settings = load_settings()
     assert settings.port == 9090
@@ -97,6 +97,10 @@ def test_secrets_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PARLEY_EMBED_PROVIDER", "word2vec", "'use' or 'openai'"),
         ("PARLEY_LLM_BASE_URL", "api.openai.com", "http:// or https://"),
         ("TELEGRAM_WEBHOOK_SECRET", "has spaces", "A-Z, a-z, 0-9"),
+        ("TELEGRAM_WEBHOOK_SECRET", "abc_DEF-123", "at least 32 characters"),
+        ("TELEGRAM_WEBHOOK_SECRET", "x" * 31, "at least 32 characters"),
+        ("TELEGRAM_WEBHOOK_SECRET", "x" * 257, "at most 256 characters"),
+        ("TELEGRAM_WEBHOOK_SECRET", "has spaces and is long enough for it", "A-Z, a-z, 0-9"),
         ("PARLEY_REWRITE_TIMEOUT_MS", "5", "greater than or equal to 50"),
         ("PARLEY_INBOX_RETRY_HOURS", "30", "less than or equal to 20"),
         ("PARLEY_HOLDING_MESSAGE_SECONDS", "-1", "greater than or equal to 0"),
