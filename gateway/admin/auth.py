@@ -331,6 +331,26 @@ class StaffAuth:
             "sign in, or send the admin token as 'Authorization: Bearer <token>'"
         )
 
+    async def still_allowed(self, request: web.Request, needed: Role) -> bool:
+        """Whether the credentials ``request`` came with still sign in someone whose role
+        allows ``needed``. The guard checks them when a request begins; a long-lived one
+        (an event stream, a long poll) asks this again every few seconds
+        (`gateway.admin.guard.while_allowed`), so that signing out, an account disabled or
+        given a new password or another role, or a session expiring ends it too."""
+        try:
+            token = _bearer(request)
+        except Unauthorized:
+            return False
+        if token is not None:
+            return self._token is not None and _same(token, self._token)
+        session_id = request.cookies.get(SESSION_COOKIE)
+        if not session_id:
+            return False
+        found = await self._sessions.find(session_id, admin_token=self._token)
+        if found is None:
+            return False
+        return role_allows(found.staff.role if found.staff else "admin", needed)
+
     async def check_csrf(self, request: web.Request, staff: Staff) -> None:
         """Refuse a state-changing request a session makes without its CSRF token."""
         if staff.via != "session" or request.method in SAFE_METHODS:

@@ -1,7 +1,13 @@
-"""The one gate in front of every staff route: authenticate, check CSRF, remember who it was."""
+"""The one gate in front of every staff route: authenticate, check CSRF, remember who it was;
+and, for a request that lasts (an event stream, a long poll), look again every few seconds."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 from aiohttp import web
@@ -9,12 +15,18 @@ from aiohttp.typedefs import Handler
 
 from channels.web import ERROR_HEADERS
 from core.errors import Unauthorized
+from core.store.staff import Role
 from gateway.admin.auth import STAFF
 from gateway.keys import ADMIN
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CONSOLE_PREFIX = "/admin"
 API_PREFIX = "/api/v1/admin"
 SIGN_IN_PAGE = "/admin/sign-in"
+# How often a long-lived staff request checks that it is still allowed (`while_allowed`).
+RECHECK_SECONDS = 2.0
 # Routes anyone may reach: the sign-in page and endpoint, and the console's static files.
 PUBLIC_ROUTES = frozenset({SIGN_IN_PAGE, f"{API_PREFIX}/sign-in"})
 PUBLIC_PREFIXES = ("/admin/static",)
@@ -52,6 +64,37 @@ async def admin_guard(request: web.Request, handler: Handler) -> web.StreamRespo
     await auth.check_csrf(request, staff)
     request[STAFF] = staff
     return await handler(request)
+
+
+async def while_allowed(
+    request: web.Request, needed: Role, work: Coroutine[Any, Any, T]
+) -> T | None:
+    """Run ``work``, the body of a long-lived staff request, for as long as the request's
+    credentials still allow ``needed`` (`StaffAuth.still_allowed`, every ``RECHECK_SECONDS``);
+    None when they stopped doing so and ``work`` was cancelled.
+
+    The guard let the request in once; without this, a stream opened by an account that is
+    then disabled, demoted or signed out would go on for as long as it lasts."""
+    auth = request.app[ADMIN].auth
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=RECHECK_SECONDS)
+            if done:
+                return task.result()
+            if not await auth.still_allowed(request, needed):
+                staff = request.get(STAFF)
+                log.info(
+                    "admin.stream.ended path=%s staff=%s reason=no_longer_allowed",
+                    request.path,
+                    staff.id if staff is not None else "-",
+                )
+                return None
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def after_sign_in(next_path: str | None) -> str:

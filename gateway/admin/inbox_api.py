@@ -13,14 +13,19 @@ from typing import Literal
 
 from pydantic import Field
 
+from core.errors import Unauthorized
+from core.handoff import Follower
 from core.store.database import MAX_ID
 from core.store.inbox_work import MAX_LABEL, MAX_NOTE, MAX_SAVED_TEXT, fill_placeholders
+from core.store.staff import Role
 from gateway.admin import schemas as s
 from gateway.admin.api import Call, operation
+from gateway.admin.guard import while_allowed
 from gateway.keys import CONVERSATION_FEED
 
 # A long poll answers within this long even when nothing changed (proxies drop idle requests).
 WAIT_SECONDS = 25.0
+CHANGES_ROLE: Role = "agent"
 
 
 class ChangesQuery(s.Query):
@@ -122,14 +127,16 @@ async def _row(call: Call, conversation_id: int) -> s.ConversationOut:
     "conversations",
     query=ChangesQuery,
     response=ChangesOut,
-    role="agent",
+    role=CHANGES_ROLE,
 )
 async def conversation_changes(call: Call) -> ChangesOut:
+    """Ends with 401 within seconds of the session ending or the account being disabled."""
     query: ChangesQuery = call.query
     work = call.admin.inbox_work
     loop = asyncio.get_running_loop()
     ends = loop.time() + query.wait
-    async with call.request.app[CONVERSATION_FEED].watch() as watcher:
+
+    async def changes(watcher: Follower) -> ChangesOut:
         # Watching first, reading second: a change in between wakes the watcher.
         while True:
             version = await work.watermark()
@@ -140,6 +147,12 @@ async def conversation_changes(call: Call) -> ChangesOut:
                 return ChangesOut(version=version, changed=False)
             # Re-read now and then too: a lost notification only delays.
             await watcher.wait(min(left, 10.0))
+
+    async with call.request.app[CONVERSATION_FEED].watch() as watcher:
+        answer = await while_allowed(call.request, CHANGES_ROLE, changes(watcher))
+    if answer is None:
+        raise Unauthorized("your session has ended; sign in again")
+    return answer
 
 
 @operation(

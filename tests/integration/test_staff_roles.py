@@ -3,6 +3,7 @@ rules that keep an admin account."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 from aiohttp import ClientResponse, DummyCookieJar, web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from core.keyring import Keyring
 from core.retrieval.embedders import UseEmbedder
@@ -25,7 +26,7 @@ from gateway.admin.api import OPERATIONS, Operation
 from gateway.admin.console import pages
 from gateway.admin.openapi import openapi_document
 from gateway.app import create_app
-from gateway.keys import DATABASE
+from gateway.keys import ADMIN, DATABASE
 from tests.conftest import MakeSettings
 from tests.support.cli import run_parley
 from tests.support.console import TOKEN, Seeded, csrf_of, form_token_of, seed
@@ -199,6 +200,88 @@ async def test_no_account_raises_its_own_role_or_removes_the_last_admin(
     assert (await sam_admin.call("PATCH", f"/staff/{ada.id}", {"role": "agent"})).status == 200
     assert (await admin.call("GET", "/staff")).status == 403
     assert (await admin.call("GET", "/conversations")).status == 200
+
+
+# -- long-lived requests --------------------------------------------------------------------
+
+# Seconds a stream of an account that was disabled may take to end: it checks every few.
+STREAM_END = 15.0
+
+
+async def _open_events(session: Session) -> ClientResponse:
+    """The console's live count (`GET /admin/events/waiting`), opened with the session."""
+    response = await session.client.get(
+        "/admin/events/waiting", headers={"Cookie": f"parley_admin={session.cookie}"}
+    )
+    assert response.status == 200, await response.text()
+    assert await response.content.readline() == b"retry: 3000\n"
+    return response
+
+
+async def _ended(response: ClientResponse) -> None:
+    """Read the stream to its end, which must come within ``STREAM_END``."""
+    async with asyncio.timeout(STREAM_END):
+        while await response.content.readline():
+            pass
+
+
+async def test_disabling_an_account_ends_its_open_streams(
+    api: tuple[Client, StaffAccounts],
+) -> None:
+    """The console's live count and the conversation list's long poll were checked when they
+    opened; they look again every few seconds and end once the account is disabled."""
+    client, accounts = api
+    sam = next(m for m in await accounts.list() if m.email == AGENT_EMAIL)
+    agent = await _signed_in(client, AGENT_EMAIL)
+    events = await _open_events(agent)
+    version = (await (await agent.call("GET", "/conversations/changes?wait=0")).json())["version"]
+    waiting = asyncio.create_task(
+        agent.call("GET", f"/conversations/changes?since={version}&wait=25")
+    )
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    disabled = await client.patch(f"{API}/staff/{sam.id}", json={"disabled": True}, headers=bearer)
+    assert disabled.status == 200, await disabled.text()
+    await _ended(events)
+    async with asyncio.timeout(STREAM_END):
+        changes = await waiting
+    assert changes.status == 401
+    assert "session has ended" in (await changes.json())["error"]["message"]
+
+
+async def test_parley_staff_disable_ends_the_accounts_streams(
+    api: tuple[Client, StaffAccounts], database_url: str, tmp_path: Path
+) -> None:
+    client, _ = api
+    events = await _open_events(await _signed_in(client, AGENT_EMAIL))
+    disabled = run_parley(
+        "staff", "disable", AGENT_EMAIL, cwd=tmp_path, PARLEY_DATABASE_URL=database_url
+    )
+    assert disabled.returncode == 0, disabled.stderr
+    await _ended(events)
+
+
+async def test_streams_are_held_to_the_role_they_need_as_it_changes(
+    api: tuple[Client, StaffAccounts],
+) -> None:
+    """What the streams ask every few seconds: whether the request's session is still live
+    and its account's role still allows what the stream needs. A demoted admin keeps the
+    agents' streams (all the streams there are) and would lose one only admins may read."""
+    client, accounts = api
+    members = {m.email: m for m in await accounts.list()}
+    await accounts.set_role(AGENT_EMAIL, "admin")  # a second admin, so the first may go
+    ada = await _signed_in(client, ADMIN_EMAIL)
+    auth = client.server.app[ADMIN].auth
+    request = make_mocked_request(
+        "GET", "/admin/events/waiting", headers={"Cookie": f"parley_admin={ada.cookie}"}
+    )
+    assert await auth.still_allowed(request, "admin")
+    await accounts.set_role(members[ADMIN_EMAIL].id, "agent")
+    assert not await auth.still_allowed(request, "admin")
+    assert await auth.still_allowed(request, "agent")
+    await accounts.set_disabled(members[ADMIN_EMAIL].id, True)
+    assert not await auth.still_allowed(request, "agent")
+    token = make_mocked_request("GET", "/", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert await auth.still_allowed(token, "admin")
 
 
 # -- the console ----------------------------------------------------------------------------

@@ -6,6 +6,8 @@ conversations changes, and ``notification`` ``{"id", "type", "agent", "channel",
 event (its id is the event's id, so a reconnect resumes after Last-Event-ID). It is woken by
 the conversations' LISTEN/NOTIFY feed, and recounts every ``KEEPALIVE_SECONDS`` besides, since
 a wait grows too long without anything being stored. `gateway/static/notify.js` follows it.
+It ends within seconds of its session ending or its account being disabled
+(`gateway.admin.guard.while_allowed`); the browser's reconnect then meets the sign-in page.
 """
 
 from __future__ import annotations
@@ -19,14 +21,19 @@ from typing import Any
 
 from aiohttp import web
 
+from core.handoff import Follower
+from core.store.notifications import Notifications
+from core.store.staff import Role
 from gateway.admin.api import list_notifications
 from gateway.admin.console.render import Route, admin, route, run
+from gateway.admin.guard import while_allowed
 from gateway.admin.schemas import NotificationList, NotificationQuery
 from gateway.keys import CONVERSATION_FEED, SETTINGS
 
 log = logging.getLogger(__name__)
 
 EVENTS = "/admin/events/waiting"
+EVENTS_ROLE: Role = "agent"
 _HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-store, no-transform",
@@ -54,41 +61,59 @@ async def waiting_events(request: web.Request) -> web.StreamResponse:
         after = int(resume) if _EVENT_ID.fullmatch(resume) else await store.last_id()
         response = web.StreamResponse(headers=_HEADERS)
         await response.prepare(request)
-        loop = asyncio.get_running_loop()
-        ends = loop.time() + STREAM_SECONDS
-        count: int | None = None
         try:
             await response.write(b"retry: 3000\n\n")
-            while not watcher.closed:
-                now = await store.waiting_count(longer_than)
-                if now != count:
-                    count = now
-                    await response.write(_frame("waiting", {"count": count}))
-                for item in await store.since(after):
-                    data = {
-                        "id": item.id,
-                        "type": item.type,
-                        "agent": item.agent,
-                        "channel": item.channel,
-                        "conversation_id": item.conversation_id,
-                        "customer": item.customer,
-                        "url": f"/admin/conversations/{item.conversation_id}",
-                    }
-                    await response.write(_frame("notification", data, item.id))
-                    after = item.id
-                left = ends - loop.time()
-                if left <= 0:
-                    break
-                if await watcher.wait(min(KEEPALIVE_SECONDS, left)):
-                    await asyncio.sleep(RECOUNT_PAUSE)
-                else:
-                    await response.write(b": keep-alive\n\n")
+            followed = await while_allowed(
+                request,
+                EVENTS_ROLE,
+                _follow(response, watcher, store, after, longer_than),
+            )
         except ConnectionResetError:
             log.debug("console.events.client_gone")
             return response
+        if followed is None:
+            log.info("console.events.ended reason=signed_out")
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()
     return response
+
+
+async def _follow(
+    response: web.StreamResponse,
+    watcher: Follower,
+    store: Notifications,
+    after: int,
+    longer_than: float,
+) -> str:
+    """Send the count and new events until the stream's time is up or the feed closes."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + STREAM_SECONDS
+    count: int | None = None
+    while not watcher.closed:
+        now = await store.waiting_count(longer_than)
+        if now != count:
+            count = now
+            await response.write(_frame("waiting", {"count": count}))
+        for item in await store.since(after):
+            data = {
+                "id": item.id,
+                "type": item.type,
+                "agent": item.agent,
+                "channel": item.channel,
+                "conversation_id": item.conversation_id,
+                "customer": item.customer,
+                "url": f"/admin/conversations/{item.conversation_id}",
+            }
+            await response.write(_frame("notification", data, item.id))
+            after = item.id
+        left = ends - loop.time()
+        if left <= 0:
+            return "time_up"
+        if await watcher.wait(min(KEEPALIVE_SECONDS, left)):
+            await asyncio.sleep(RECOUNT_PAUSE)
+        else:
+            await response.write(b": keep-alive\n\n")
+    return "feed_closed"
 
 
 async def recent_deliveries(request: web.Request, limit: int = 20) -> NotificationList:
@@ -102,4 +127,4 @@ async def recent_deliveries(request: web.Request, limit: int = 20) -> Notificati
 
 
 def routes() -> list[Route]:
-    return [route("GET", EVENTS, waiting_events, role="agent")]
+    return [route("GET", EVENTS, waiting_events, role=EVENTS_ROLE)]
