@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from core.documents import Chunk, Document, ReadError
-from core.knowledge.chunk import chunk_document
+from core.knowledge.chunk import chunk_document, embed_chunks
 from core.knowledge.crawl import CrawlLimits, Unchanged, crawl
 from core.knowledge.outbound import IPNetwork, crawler_session
 from core.knowledge.pieces import digest, page_piece_texts
@@ -270,8 +270,8 @@ class Ingestor:
         batch = list(pending)
         if not batch:
             return
-        inputs = [chunk.embedding_input() for _, chunks in batch for chunk in chunks]
-        progress.counts.embedding = len(inputs)
+        every = [chunk for _, chunks in batch for chunk in chunks]
+        progress.counts.embedding = len(every)
         progress.changed()
         name = self._embedder.name
         pieces = [page_piece_texts([(c.heading, c.text) for c in chunks]) for _, chunks in batch]
@@ -288,10 +288,10 @@ class Ingestor:
                 if key not in kept
             )
         )
-        vectors = await self._embedder.embed([*inputs, *new])
-        report.chunks_embedded += len(inputs)
+        vectors, piece_rows = await embed_chunks(self._embedder, every, new)
+        report.chunks_embedded += len(every)
         report.pieces_embedded += len(new)
-        made = dict(zip(new, to_bytes(vectors[len(inputs) :]), strict=True))
+        made = dict(zip(new, to_bytes(piece_rows), strict=True))
         offset = 0
         for (doc, chunks), texts, keys in zip(batch, pieces, digests, strict=True):
             rows = [kept[k] if k in kept else made[t] for t, k in zip(texts, keys, strict=True)]
@@ -305,7 +305,7 @@ class Ingestor:
             )
             offset += len(chunks)
         progress.counts.embedding = 0
-        progress.counts.embedded += len(inputs)
+        progress.counts.embedded += len(every)
         progress.counts.pages += len(batch)
         progress.changed()
 

@@ -419,7 +419,8 @@ async def bump_knowledge_version(conn: Connection, agent_id: int) -> int:
     return version
 
 
-EmbedFn = Callable[[list[str]], Awaitable[NDArray[np.float32]]]
+# The vectors chunks are found by (`core.knowledge.chunk.embed_chunks` with the embedder).
+EmbedFn = Callable[[list[Chunk]], Awaitable[NDArray[np.float32]]]
 
 
 async def reembed_agent(
@@ -450,9 +451,7 @@ async def reembed_agent(
             )
             if not rows:
                 break
-            vectors = await embed(
-                [Chunk(0, r["heading"], r["text"]).embedding_input() for r in rows]
-            )
+            vectors = await embed([Chunk(0, r["heading"], r["text"]) for r in rows])
             await conn.executemany(
                 "UPDATE chunks SET embedding = $2 WHERE id = $1",
                 [(r["id"], v) for r, v in zip(rows, vectors, strict=True)],

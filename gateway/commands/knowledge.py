@@ -7,9 +7,13 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
+from numpy.typing import NDArray
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from core.documents import Chunk
 from core.errors import InvalidInput
+from core.knowledge.chunk import embed_chunks
 from core.knowledge.ingest import Ingestor, IngestProgress, IngestReport, fill_piece_vectors
 from core.knowledge.sources import SourceSpec, parse_source
 from core.store import Agents
@@ -204,8 +208,12 @@ async def rebuild_index(args: argparse.Namespace, runtime: Runtime) -> int:
     identity = EmbedderIdentity.of(runtime.embedder)
     total = await KnowledgeStore(runtime.database.pool).count_chunks(agent.id)
     with _bar(total, "chunk") as bar:
+
+        async def embed(chunks: list[Chunk]) -> NDArray[np.float32]:
+            return (await embed_chunks(runtime.embedder, chunks))[0]
+
         done = await reembed_agent(
-            runtime.database.pool, agent.id, identity, runtime.embedder.embed, on_batch=bar.update
+            runtime.database.pool, agent.id, identity, embed, on_batch=bar.update
         )
     print(
         f"re-embedded {done} chunks of {agent.slug} with {identity.name} "
