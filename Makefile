@@ -58,11 +58,13 @@ lint: $(DEV)
 typecheck: $(DEV)
 	$(BIN)/mypy
 
-## eval: retrieval quality (hit@1, hit@5, MRR@10) and answer quality (facts, deferrals,
-## confidence calibration) on the bundled multilingual shop
+## eval: retrieval quality (hit@1, hit@5, MRR@10) and answer quality (right, confidently
+## wrong, deferred, risk-coverage, confidence calibration) on the bundled multilingual shop and
+## on the Corona-Warn-App FAQ (real support content, English and German; about 6 minutes)
 eval: $(DEV)
 	$(BIN)/python -m bench.eval_retrieval
 	$(BIN)/python -m bench.eval_answers
+	$(BIN)/python -m bench.eval_faq
 
 ## bench: every benchmark three times beside its floor or baseline, then once under py-spy;
 ## the medians, ratios and profiles go to docs/PERFORMANCE.md (about an hour on two cores;

@@ -41,6 +41,7 @@ import aiohttp
 import asyncpg
 import numpy as np
 
+from bench.answer_figures import Attempt, print_outcomes
 from bench.database import bench_settings
 from core.answer.confidence import WEIGHTS
 from core.answer.factory import build_pipeline
@@ -355,17 +356,30 @@ async def main(args: argparse.Namespace) -> None:
     print()
     print_answers(deployed)
     print_calibration(attempts)
+    print()
+    print_outcomes([as_attempt(r) for r in attempts], ANSWER_THRESHOLD, "The shop")
     if args.fit:
         fit(attempts)
     if args.show == "wrong":
         print_wrong(attempts)
     if args.json:
-        rows = [
-            {"qid": r.case.qid, "right": d.right, "attempt_right": r.attempt_right,
-             "confidence": r.confidence, "answer": r.answer, "signals": r.signals}
-            for r, d in zip(attempts, deployed, strict=True)
-        ]  # fmt: skip
-        Path(args.json).write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+        Path(args.json).write_text(
+            "".join(json.dumps(as_attempt(r).__dict__, ensure_ascii=False) + "\n" for r in attempts)
+        )
+
+
+def as_attempt(reply: Reply) -> Attempt:
+    """The reply in the figures every evaluation shares (`bench.answer_figures`)."""
+    case = reply.case
+    facts = " & ".join("|".join(g) for g in case.facts) or "(defer)"
+    history = "".join(f"    after: {t.question}\n" for t in case.history)
+    return Attempt(
+        qid=case.qid, lang=case.lang, kind=case.kind if case.answerable else "unanswerable",
+        answerable=case.answerable, answered=not reply.deferred,
+        right=case.answerable and not reply.deferred and reply.contains_facts,
+        confidence=reply.confidence, signals=reply.signals, answer=reply.answer, corpus="shop",
+        detail=f"{history}    asked: {case.question}  page={case.page}\n    want: {facts}",
+    )  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:

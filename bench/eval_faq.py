@@ -208,7 +208,9 @@ async def run_case(
     cited = [urls[case.agent].get(s.url, s.url) for s in outcome.sources]
     answered = not bool(done.get("deferred"))
     right = answered and bool(cited) and cited[0] in case.answers
-    offered = [urls[case.agent].get(str(s["url"]), "") for s in trace.get("sources", [])]
+    # The pages in the order retrieval ranked them (the sources are renumbered as cited).
+    ranked = [str(h["url"]) for h in trace.get("retrieved", [])]
+    offered = [urls[case.agent].get(url, "") for url in dict.fromkeys(ranked)]
     found = next((i for i, e in enumerate(offered, start=1) if e in case.answers), 0)
     detail = "".join(f"    after: {h}\n" for h in case.history)
     detail += (
@@ -246,12 +248,12 @@ async def evaluate(settings: Settings, only: str | None = None) -> list[Attempt]
 
 def report(attempts: Sequence[Attempt], threshold: float = ANSWER_THRESHOLD) -> None:
     print_outcomes(attempts, threshold, "Corona-Warn-App FAQ, every agent")
-    print("\nthe answering entry among the sources the answerer read (share of answerable):")
+    print("\nthe answering entry among the pages retrieval ranked (share of answerable):")
     for kind in sorted({a.kind for a in attempts if a.answerable}):
         rows = [a for a in attempts if a.answerable and a.kind == kind]
         first = sum(a.signals.get("source_rank") == 1 for a in rows) / len(rows)
         read = sum(bool(a.signals.get("source_rank")) for a in rows) / len(rows)
-        print(f"  {kind:<12} first {first:.2f}   any {read:.2f}   (n={len(rows)})")
+        print(f"  {kind:<12} first {first:.2f}   top ten chunks {read:.2f}   (n={len(rows)})")
     for agents, name in ((("both",), "bilingual agent"), (("en", "de"), "one-language agents")):
         rows = [a for a in attempts if a.qid.rsplit("@", 1)[1].removesuffix("-part") in agents]
         print()

@@ -77,12 +77,24 @@ WANTED_FACT_WEIGHT = 0.35
 FILLER_PENALTY = 0.25
 NAMED_PAGE_BONUS = 0.1
 CURRENT_PAGE_BONUS = 0.1
+# A question that points at what the visitor is looking at ("is this one waterproof?") is
+# about the page they are on, far more than about the best match elsewhere.
+POINTED_PAGE_BONUS = 0.4
 RANK_BONUS = 0.03  # per place in the retrieval order, best first
 # Pages in the visitor's language first; else the site's own (default) language.
 LANGUAGE_BONUS = 0.06
 # A question in a source (an FAQ entry) this close to the visitor's passes its match on to
 # the answer that follows it.
 FAQ_QUESTION_SIMILARITY = 0.55
+# An entry (a page's title, or a heading that asks a question) is the visitor's question when
+# they share this share of their words (Dice) or the encoder puts them this close: its page
+# answers, from that section.
+ENTRY_WORDS = 0.85
+ENTRY_SIMILARITY = 0.9
+ENTRY_BONUS = 0.5
+# A sentence that holds another source's title of at least this many words points at that
+# source ("See 'Where can I get tested?' for test sites"): it is no answer itself.
+POINTER_WORDS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +130,11 @@ class Evidence:
     page_margin: float = 0.0  # how far the answering page leads the next one
     faq: bool = False  # the quote answers an FAQ entry like the question
     unknown: float = 0.0  # share of the visitor's own key words found in no source at all
+    # The encoder's similarity of the question to the answering page's title (or the question
+    # heading it answers under), and how far it leads the other sources' best: a question is
+    # often one of the site's own questions in other words, in any language.
+    entry_similarity: float = 0.0
+    entry_lead: float = 0.0
 
 
 # Kinds of fact, as they look in a sentence.
@@ -195,6 +212,8 @@ _FILLER = re.compile(
     r"\b(below|following|hereunder|on this page|see the table|as follows|read on|"
     r"hieronder|onderstaande|volgende overzicht|op deze pagina|lees verder|"
     r"unten|folgenden|nachfolgend|auf dieser seite|hier siehst du|hier sehen sie|hier finden sie|"
+    r"hier erfährst du|hier erfahren sie|hier lees je|lees je hier|here you can read|"
+    r"you can read here|ici,? vous|aquí (puedes|encontrarás)|qui (puoi|trovi)|"
     r"ci-dessous|suivant|sur cette page|a continuación|siguiente|en esta página|"
     r"qui sotto|seguente|in questa pagina)\b",
     re.I,
@@ -633,7 +652,7 @@ def _page_scores(
         if any(name_found(name, named) for name in question.names):
             best[index] += NAMED_PAGE_BONUS
         if passage.current:
-            best[index] += CURRENT_PAGE_BONUS
+            best[index] += POINTED_PAGE_BONUS if question.points else CURRENT_PAGE_BONUS
         best[index] += RANK_BONUS * max(0, 3 - index)
         if passage.language:
             language = passage.language.split("-")[0]
@@ -642,6 +661,68 @@ def _page_scores(
             elif language in fallback_languages:
                 best[index] += LANGUAGE_BONUS / 2
     return np.maximum(best, -1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entries:
+    """How the sources' own questions compare with the visitor's: per source, the best
+    similarity of its title or of a heading that asks a question; and the source (and its
+    section) whose entry is the visitor's question itself, when exactly one source has it."""
+
+    similarity: NDArray[np.float32]
+    exact: int | None = None
+    heading: str | None = None
+
+
+def _dice(a: str, b: str) -> float:
+    x, y = _folded(a), _folded(b)
+    return 2 * len(x & y) / (len(x) + len(y)) if x and y else 0.0
+
+
+async def _entries(
+    question: Question,
+    passages: Sequence[Passage],
+    sentences: Sequence[Sentence],
+    embedder: Embedder,
+    stored: PieceVectors | None,
+) -> _Entries:
+    named: dict[tuple[int, str], str | None] = {}  # (source, text) -> its heading, if one
+    for index, passage in enumerate(passages):
+        if passage.title.strip():
+            named.setdefault((index, passage.title.strip()), None)
+    for sentence in sentences:
+        if sentence.heading.rstrip().endswith("?"):
+            named.setdefault((sentence.source, sentence.heading.strip()), sentence.heading)
+    similarity = np.zeros(len(passages), dtype=np.float32)
+    if not named:
+        return _Entries(similarity)
+    keys = list(named)
+    # Stored at ingest with the pieces (`core.knowledge.pieces.entry_texts`).
+    vectors = await _piece_vectors(
+        embedder, [text for _, text in keys], [passages[i].page_id for i, _ in keys], stored
+    )
+    asked = (await embedder.embed([question.text]))[0]
+    close = (vectors @ asked).astype(np.float32)
+    exact: dict[int, tuple[float, str | None]] = {}
+    for (source, text), value in zip(keys, close, strict=True):
+        similarity[source] = max(similarity[source], float(value))
+        asks = _dice(text, question.text) >= ENTRY_WORDS or value >= ENTRY_SIMILARITY
+        if asks and (source not in exact or value > exact[source][0]):
+            exact[source] = (float(value), named[(source, text)])
+    if len(exact) != 1:
+        return _Entries(similarity)  # none, or several sources ask it: nothing is settled
+    [(source, (_, heading))] = exact.items()
+    return _Entries(similarity, source, heading)
+
+
+def _points_elsewhere(sentence: Sentence, passages: Sequence[Passage]) -> bool:
+    """The sentence names another source's title: it points there, it does not answer."""
+    return any(
+        index != sentence.source
+        and len(words(passage.title)) >= POINTER_WORDS
+        and _contains_words(sentence.text, passage.title.rstrip("?.!: "))
+        for index, passage in enumerate(passages)
+    )
 
 
 def _answers_a_question(scored: _Scored, index: int) -> bool:
@@ -710,6 +791,15 @@ def _choose(
             return sorted(chosen)  # the visitor's words chose these rows: nothing else
         elif len(members) <= MAX_ROWS and _asks_for_block(scored, best, members, matcher):
             chosen = members  # nothing singles a row out: the question asks for all of it
+        elif (
+            len(members) <= MAX_ROWS
+            and not scored.sentences[best].header  # a list, not a table's rows
+            and len(kin := [i for i in members if scored.wanted[i]]) > 1
+            and scored.wanted[best]
+        ):
+            # several rows give the fact asked for (a comfort, a limit and an extreme
+            # temperature): all of them, in the page's order, which puts the everyday first
+            chosen = kin
     if _answers_a_question(scored, best):
         # an FAQ entry matched: its whole answer paragraph is the answer
         here = scored.sentences[best]
@@ -786,15 +876,23 @@ def _yes_no(question: Question, picked: Sequence[Sentence], matcher: _Matcher) -
     return phrase("no" if _NEGATION.search(quote) else "yes", question.language)
 
 
-def _best_list(scored: _Scored, page: int, floor: float) -> list[int]:
-    """The members of the page's list or table that best matches the question."""
+# A sentence that opens with its own yes or no.
+_VERDICT = re.compile(r"^\W*(yes|no|ja|nee|nein|oui|non|sí|si)\b", re.IGNORECASE)
+
+
+def _best_list(scored: _Scored, page: int, floor: float, *, by_meaning: bool = False) -> list[int]:
+    """The members of the page's list or table that best matches the question: by its best
+    member's score, or (``by_meaning``) by its members' closeness in meaning alone, since a
+    list of short names ("PayPal", "Apple Pay") shares no words with "which payment methods
+    are there?" and scores as filler, while its heading and items mean what was asked."""
     blocks: dict[int, list[int]] = {}
     for i, sentence in enumerate(scored.sentences):
         if sentence.source == page and sentence.block >= 0:
             blocks.setdefault(sentence.block, []).append(i)
-    ranked = sorted(blocks.values(), key=lambda m: -max(scored.scores[i] for i in m))
+    values = scored.similarity if by_meaning else scored.scores
+    ranked = sorted(blocks.values(), key=lambda m: -max(values[i] for i in m))
     for members in ranked:
-        if 3 <= len(members) <= MAX_ROWS and max(scored.scores[i] for i in members) >= floor:
+        if 3 <= len(members) <= MAX_ROWS and max(values[i] for i in members) >= floor:
             return members
     return []
 
@@ -826,6 +924,16 @@ async def extractive_answer(
         return ExtractiveAnswer(deferral(language, contact_route), (), answered=False)
     matcher = _Matcher(question)
     scored = await _score(question, sentences, passages, embedder, matcher, stored)
+    entries = await _entries(question, passages, sentences, embedder, stored)
+    for index, sentence in enumerate(sentences):
+        if _points_elsewhere(sentence, passages):
+            scored.scores[index] = -1.0
+        elif (
+            entries.heading is not None
+            and sentence.source == entries.exact
+            and sentence.heading == entries.heading
+        ):
+            scored.scores[index] += ENTRY_BONUS  # the section that asks the question answers
     page_scores = _page_scores(question, passages, scored, fallback_languages)
     # A product the question names answers from its own page when one is among the sources.
     about = [
@@ -835,6 +943,8 @@ async def extractive_answer(
     holding = {scored.sentences[i].source for i in range(len(scored.sentences)) if scored.wanted[i]}
     if question.wants and not holding.intersection(about):
         about = []  # "the warranty on this one": the product's page does not say; another may
+    if entries.exact is not None and page_scores[entries.exact] >= 0:
+        about = [entries.exact]  # the site asks the visitor's question itself: it answers
     if about and not question.compares:
         others = [i for i in range(len(passages)) if i not in about]
         page_scores[others] = -1.0
@@ -843,6 +953,20 @@ async def extractive_answer(
     if question.compares and len(ranked_pages) > 1:
         pages.add(ranked_pages[1])
     chosen = _choose(question, scored, pages, max_sentences, min_similarity, matcher)
+    # "Which payment methods are there?": the list, not the sentence announcing it; unless
+    # the quote holds the kind of fact asked for already ("which colours?": "Colours: ...").
+    listed = (
+        question.lists
+        and not question.yes_no
+        and bool(chosen)
+        and not any(scored.wanted[i] for i in chosen)
+    )
+    if listed and (
+        members := _best_list(scored, ranked_pages[0], min_similarity / 2, by_meaning=True)
+    ):
+        chosen = members
+    else:
+        listed = False
     everything = [part for p in passages for part in (p.title, p.text)]
     # the words of the question's names found nowhere ("Q-Park" of "Q-Park Westblaak")
     name_words = [fold(w) for n in question.names for w in words(n)]
@@ -871,6 +995,11 @@ async def extractive_answer(
         page_margin=_margin(page_scores),
         faq=bool(chosen) and _answers_a_question(scored, best),
         unknown=1.0 - _share_in(matcher, shared, everything) if shared else 0.0,
+        entry_similarity=float(entries.similarity[page]),
+        entry_lead=float(
+            entries.similarity[page]
+            - max((v for i, v in enumerate(entries.similarity) if i != page), default=0.0)
+        ),
     )
     log.debug(
         "extractive.scored sentences=%d best=%.3f chosen=%d",
@@ -897,9 +1026,12 @@ async def extractive_answer(
                 quote_coverage=_share(matcher, rest, picked) if rest else 1.0,
                 unknown=1.0 - _share_in(matcher, rest, everything) if rest else 0.0,
             )
-    parts = _compose(picked, subject_of(passages[page].title))
-    if opening is not None:
-        parts.insert(0, opening)
+    subject = subject_of(passages[page].title)
+    parts = _compose(picked, subject)
+    if listed and subject and fold(subject) not in fold(parts[0]):
+        parts[0] = f"{subject}: {parts[0]}"
+    if opening is not None and not _VERDICT.match(picked[0].text if picked else ""):
+        parts.insert(0, opening)  # (unless the quote opens with its own "No.")
     content_language = passages[page].language
     if evidence.other_language and content_language:
         other = language_name(content_language, language)

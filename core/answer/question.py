@@ -151,6 +151,49 @@ _COMPARES = re.compile(
 )
 
 
+# A question that asks for the members of a set: a "which" word, then an offer or existence
+# ("Which payment methods do you accept?", "Welche Zahlungsarten gibt es?", "Welke maten zijn
+# er?", "Quels modes de paiement acceptez-vous ?", "¿Qué tallas hay?"), or kinds and options.
+_WHICH = re.compile(
+    r"^\s*[¿¡]?\s*(which|what|welke|welk|welche|welcher|welches|wat voor|was für|quels|quelles|"
+    r"quel|quelle|qué|cuáles|cuál|quali|quale|che)\b",
+    re.IGNORECASE,
+)
+_SET = re.compile(
+    r"\b(are there|is there|do you (have|accept|offer|sell|take|support)|are (available|"
+    r"possible|accepted|offered)|can i (use|choose|pay)|kinds?|types?|options|"
+    r"zijn er|is er|hebben jullie|accepteren jullie|bieden jullie|verkopen jullie|kan ik "
+    r"(kiezen|gebruiken|betalen)|soorten|opties|gibt es|habt ihr|haben sie|bietet ihr|bieten sie|"
+    r"akzeptiert ihr|akzeptieren sie|nehmt ihr|verkauft ihr|kann ich (wählen|nutzen|bezahlen)|"
+    r"arten|sorten|optionen|existe|y a-t-il|il y a|proposez|acceptez|avez-vous|vendez|"
+    r"sortes|types|hay|tienen|aceptan|ofrecen|venden|tipos|opciones|ci sono|accettate|avete|"
+    r"offrite|vendete|tipi|opzioni)\b",
+    re.IGNORECASE,
+)
+# Words that point at the thing the visitor is looking at ("Is this waterproof?", "Ist diese
+# Jacke wasserdicht?", "Is deze in het zwart?").
+_DEICTIC = re.compile(
+    r"\b(this|these|deze|dit|diese|dieser|dieses|diesen|cet|cette|ces|celui-ci|celle-ci|"
+    r"este|esta|estos|estas|esto|questo|questa|questi|queste)\b"
+    # (but not a moment: "this week", "deze week", "diese Woche", "cette semaine")
+    r"(?!\s+(week|weekend|morning|afternoon|evening|month|year|time|"
+    r"week|weekend|ochtend|middag|avond|maand|jaar|keer|woche|wochenende|morgen|abend|monat|"
+    r"jahr|mal|semaine|matin|soir|mois|année|fois|semana|mañana|tarde|noche|mes|año|vez|"
+    r"settimana|mattina|sera|mese|anno|volta)\b)",
+    re.IGNORECASE,
+)
+
+
+def enumerates(text: str) -> bool:
+    """Whether a question asks for the members of a set, which a list answers."""
+    return bool(_WHICH.search(text) and _SET.search(text))
+
+
+def deictic(text: str) -> bool:
+    """Whether a question points at the thing on the visitor's screen ("is this ...?")."""
+    return bool(_DEICTIC.search(text))
+
+
 @dataclass(frozen=True, slots=True)
 class Question:
     """A question as the answerer reads it.
@@ -168,6 +211,8 @@ class Question:
     yes_no: bool
     compares: bool
     names: tuple[str, ...]  # capitalised or coded words: names of products, places, brands
+    lists: bool = False  # asks for the members of a set ("Which payment methods are there?")
+    points: bool = False  # points at what the visitor is looking at ("Is this waterproof?")
 
     @classmethod
     def read(cls, text: str, language: str, latest: str | None = None) -> Question:
@@ -182,6 +227,8 @@ class Question:
             yes_no=is_yes_no(own),
             compares=bool(_COMPARES.search(own)),
             names=names_in(own, language) or names_in(text, language),
+            lists=enumerates(own),
+            points=deictic(own),
         )
 
 

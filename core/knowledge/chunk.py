@@ -149,4 +149,3 @@ async def embed_chunks(
             both = found[row] + HEADING_WEIGHT * of_heading[chunk.heading]
             found[row] = both / max(float(np.linalg.norm(both)), 1e-12)
     return found, vectors[len(inputs) + len(headings) :]
-

@@ -217,13 +217,28 @@ def page_text(parts: Sequence[tuple[str, str]]) -> str:
 def page_piece_texts(parts: Sequence[tuple[str, str]]) -> list[str]:
     """The texts of a page's pieces whose vectors a turn may need, each once: those of the
     page as a whole (how the best pages are read) and those of each chunk on its own (how a
-    page is read from the few chunks that matched, without their headings). A passage made
-    of several chunks has the pieces of each, but for rows and lines joined across two
-    chunks: those a turn encodes itself."""
+    page is read from the few chunks that matched, without their headings), and the page's
+    own questions (`entry_texts`). A passage made of several chunks has the pieces of each,
+    but for rows and lines joined across two chunks: those a turn encodes itself."""
     texts = [piece_text(s) for s in split_sentences([page_text(parts)])]
     for _, text in parts:
         texts.extend(piece_text(s) for s in split_sentences([text]))
+    texts.extend(entry_texts(parts))
     return list(dict.fromkeys(texts))
+
+
+def entry_texts(parts: Sequence[tuple[str, str]]) -> list[str]:
+    """What the answerer compares a visitor's question with to find the entry that asks it:
+    the page's title (the first part of every heading path) and each heading that asks a
+    question (an FAQ's), as ``page_text`` writes them."""
+    found: list[str] = []
+    for heading, _ in parts:
+        names = [name.strip() for name in heading.split(" > ") if name.strip()]
+        if names:
+            found.append(names[0])
+            if names[-1].endswith("?"):
+                found.append(names[-1])
+    return list(dict.fromkeys(found))
 
 
 def digest(text: str) -> bytes:

@@ -477,3 +477,117 @@ async def test_a_follow_up_puts_its_day_in_the_earlier_questions_place(
     )
     assert "12:00–17:00" in result.text
     assert "we ship on Monday" not in result.text
+
+
+# Help-centre articles: one entry per page, cross-linked by title.
+APP_STORES = """# In which app stores is the app available?
+
+The app is available in the app stores of Germany, Austria, Belgium and the Netherlands.
+"""
+GOOGLE_PLAY = """# The app is not shown in Google Play
+
+The app is not available with Google Play for your country. See In which app stores is the app
+available? for the supported countries.
+"""
+SLEEPING_BAG = """# Winterslaap Down
+
+- Price: €289.00
+
+## Temperature ratings
+
+- Comfort: −5 °C
+- Limit: −12 °C
+- Extreme: −30 °C (survival only, not for sleeping)
+"""
+PAYMENT_PAGE = """# Payment methods
+
+At Acme you pay safely and without extra costs. Below you can read which methods are available.
+
+## Overview
+
+- iDEAL (Dutch bank accounts)
+- Credit card: Visa and Mastercard
+- PayPal
+- Apple Pay
+"""
+PAYMENT_PAGE_DE = """# Zahlungsarten
+
+Bei Acme bezahlst du sicher und ohne Zusatzkosten. Hier erfährst du, welche Zahlungsarten es gibt.
+
+## Überblick
+
+- iDEAL (niederländische Bankkonten)
+- Kreditkarte: Visa und Mastercard
+- PayPal
+- Apple Pay
+"""
+
+
+async def test_the_entry_that_asks_the_question_answers_not_one_pointing_at_it(
+    embedder: CountingEmbedder,
+) -> None:
+    pointing = Passage("The app is not shown in Google Play", GOOGLE_PLAY, "en")
+    entry = Passage("In which app stores is the app available?", APP_STORES, "en")
+    for sources in ([pointing, entry], [entry, pointing]):
+        result = await ask(embedder, "In which app stores is the app available?", sources)
+        assert result.answered
+        assert "Germany, Austria, Belgium and the Netherlands" in result.text
+        assert "See In which" not in result.text
+        assert result.citations == (sources.index(entry) + 1,)
+
+
+async def test_several_values_of_the_fact_asked_are_named_in_the_pages_order(
+    embedder: CountingEmbedder,
+) -> None:
+    bag = Passage("Winterslaap Down – Down sleeping bag | Acme", SLEEPING_BAG, "en", current=True)
+    result = await ask(embedder, "How cold can I go with this sleeping bag?", [bag])
+    assert result.answered
+    comfort, limit, extreme = (result.text.index(s) for s in ("Comfort", "Limit", "Extreme"))
+    assert comfort < limit < extreme
+
+
+@pytest.mark.parametrize(
+    ("question", "language", "page"),
+    [
+        ("Which payment methods do you accept?", "en", PAYMENT_PAGE),
+        ("What payment options are there?", "en", PAYMENT_PAGE),
+        ("Welke betaalmethoden zijn er?", "nl", PAYMENT_PAGE),
+        ("Welche Zahlungsarten gibt es?", "de", PAYMENT_PAGE_DE),
+    ],
+)
+async def test_a_question_for_the_members_of_a_set_gets_the_list(
+    embedder: CountingEmbedder, question: str, language: str, page: str
+) -> None:
+    source = Passage("Payment methods | Acme", page, "de" if "Zahlung" in page else "en")
+    result = await ask(embedder, question, [source], language)
+    assert result.answered
+    for member in ("iDEAL", "Visa", "Mastercard", "PayPal", "Apple Pay"):
+        assert member in result.text
+    assert "Below you can read" not in result.text
+    assert "Hier erfährst du" not in result.text
+
+
+async def test_a_quote_that_opens_with_its_own_no_gets_no_second_one(
+    embedder: CountingEmbedder,
+) -> None:
+    shoe = Passage(
+        "Lichtvoet Low | Acme",
+        "# Lichtvoet Low\n\nNo, the Lichtvoet Low shoes are not waterproof: they have no "
+        "membrane, on purpose, so they breathe better and dry quickly.",
+        "en",
+        current=True,
+    )
+    result = await ask(embedder, "Are these shoes waterproof?", [shoe])
+    assert result.text.startswith("No, the Lichtvoet Low shoes are not waterproof")
+
+
+async def test_a_question_about_this_is_answered_from_the_page_the_visitor_is_on(
+    embedder: CountingEmbedder,
+) -> None:
+    jacket = Passage("Regenjas Pro | Acme", RAIN_JACKET, "en", current=True)
+    shoe = Passage("Trailrunner 2 | Acme", TRAIL_SHOE, "en")
+    for sources in ([shoe, jacket], [jacket, shoe]):
+        result = await ask(embedder, "Is this waterproof?", sources)
+        assert result.answered
+        assert result.citations == (sources.index(jacket) + 1,)
+        assert "not waterproof" not in result.text

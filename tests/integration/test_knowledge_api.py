@@ -272,7 +272,9 @@ async def test_a_question_in_another_language_is_searched_in_the_knowledges_lang
     )
     assert best["match"] != dutch.ranked[0].match
 
-    again = await shop.post(PROCESS, {"query": DUTCH, "session_id": "another"})
+    # Asked again for fewer sources (another answer, so the question is searched again): the
+    # translation is remembered.
+    again = await shop.post(PROCESS, {"query": DUTCH, "session_id": "another", "max_results": 3})
     assert (await shop.trace(again.json()["turn_id"]))["translation"]["method"] == "cached"
     assert len(shop.asked(TRANSLATE_MODEL)) == 1
 
