@@ -218,14 +218,20 @@ _FILLER = re.compile(
     r"qui sotto|seguente|in questa pagina)\b",
     re.I,
 )
-_NEGATION = re.compile(
+# States that answer "no" wherever they stand in the quote ("Availability: Sold out").
+_NEGATIVE_STATE = re.compile(
     r"\b(sold out|out of stock|unavailable|uitverkocht|niet leverbaar|ausverkauft|"
-    r"nicht lieferbar|épuisé|agotado|esaurito|outofstock|not|no|never|cannot|can't|don't|"
-    r"doesn't|isn't|aren't|won't|without|unfortunately|"
-    r"niet|geen|nooit|helaas|zonder|nicht|kein|keine|keinen|nie|leider|ohne|pas|jamais|"
-    r"aucun|aucune|sans|nunca|ningún|ninguna|sin|non|mai|nessun|nessuna|senza)\b",
+    r"nicht lieferbar|épuisé|agotado|esaurito|outofstock)\b",
     re.I,
 )
+# Words that negate what stands next to them ("is not waterproof", "ohne Zusatzkosten").
+_NEGATION_WORDS = frozenset(
+    """not no never cannot can't don't doesn't isn't aren't won't without niet geen nooit
+    zonder nicht kein keine keinen nie ohne pas jamais aucun aucune sans nunca ningún
+    ninguna sin non mai nessun nessuna senza""".split()  # noqa: SIM905
+)
+# How far (in words) a negation may stand from a word of the question to negate it.
+NEGATION_REACH = 5
 
 
 def subject_of(title: str) -> str:
@@ -873,7 +879,17 @@ def _yes_no(question: Question, picked: Sequence[Sentence], matcher: _Matcher) -
     covered = sum(held.get(t, 0.0) for t in asked)
     if asked and covered <= 0.5 * len(asked) and not _wanted(question, quote):
         return None
-    return phrase("no" if _NEGATION.search(quote) else "yes", question.language)
+    if _NEGATIVE_STATE.search(quote):
+        return phrase("no", question.language)
+    said = words(quote)
+    negations = [i for i, w in enumerate(said) if fold(w) in _NEGATION_WORDS]
+    if not negations:
+        return phrase("yes", question.language)
+    # "The shoe is not waterproof": no. "Pay on account: ... without extra costs": the
+    # negation is about something else; the quote speaks for itself, without a verdict.
+    terms = [i for i, w in enumerate(said) if set(matcher.found(w)) & set(asked)]
+    near = any(abs(n - t) <= NEGATION_REACH for n in negations for t in terms)
+    return phrase("no", question.language) if near else None
 
 
 # A sentence that opens with its own yes or no.

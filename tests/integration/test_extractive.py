@@ -591,3 +591,19 @@ async def test_a_question_about_this_is_answered_from_the_page_the_visitor_is_on
         assert result.answered
         assert result.citations == (sources.index(jacket) + 1,)
         assert "not waterproof" not in result.text
+
+
+async def test_a_negation_about_something_else_gives_no_no(embedder: CountingEmbedder) -> None:
+    klarna = """# Klarna
+
+- Pay on account: you pay the full amount within 30 days of dispatch, without extra costs.
+- Pay in three instalments: three equal parts, one a month.
+"""
+    result = await ask(embedder, "Can I pay on account?", [Passage("Klarna | Acme", klarna, "en")])
+    assert result.answered
+    assert "within 30 days" in result.text
+    assert not result.text.startswith("No")
+    # A negation next to what was asked still settles it.
+    shoe = Passage("Trailrunner 2 | Acme", TRAIL_SHOE, "en", current=True)
+    negated = await ask(embedder, "Is the Trailrunner 2 waterproof?", [shoe])
+    assert negated.text.startswith("No.")
