@@ -54,6 +54,7 @@ __all__ = [
     "Passage",
     "Sentence",
     "extractive_answer",
+    "piece_vectors",
     "split_sentences",
     "subject_of",
 ]
@@ -568,7 +569,7 @@ class _Scored:
     wanted: NDArray[np.float32]
 
 
-async def _piece_vectors(
+async def piece_vectors(
     embedder: Embedder,
     texts: Sequence[str],
     pages: Sequence[int | None],
@@ -609,7 +610,7 @@ async def _score(
     texts = [piece_text(s) for s in sentences]
     asked = await embedder.embed([question.text])
     pages = [passages[s.source].page_id for s in sentences]
-    rows = await _piece_vectors(embedder, texts, pages, stored)
+    rows = await piece_vectors(embedder, texts, pages, stored)
     titles = [p.title for p in passages]
     similarity = (rows @ asked[0]).astype(np.float32)
     key_words, focus = _key_word_scores(matcher, sentences, titles)
@@ -704,7 +705,7 @@ async def _entries(
         return _Entries(similarity)
     keys = list(named)
     # Stored at ingest with the pieces (`core.knowledge.pieces.entry_texts`).
-    vectors = await _piece_vectors(
+    vectors = await piece_vectors(
         embedder, [text for _, text in keys], [passages[i].page_id for i, _ in keys], stored
     )
     asked = (await embedder.embed([question.text]))[0]

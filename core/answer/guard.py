@@ -47,7 +47,11 @@ class StreamGuard:
     """Judges the answer so far each time a piece arrives; work per call is the new text only.
 
     A leak is any ``ngram`` consecutive words of ``secret_text`` (the fixed instructions,
-    not the sources, which answers are meant to quote) appearing in the answer.
+    not the sources, which answers are meant to quote) appearing in the answer. Until the
+    answer shows it is no recital, nothing of a possible one is shown: `releasable` says how
+    much of the answer may be, which stops short of any closing run of words that is also a
+    run of the instructions (and of a word still growing), so a recital is caught before its
+    first word leaves.
     """
 
     def __init__(self, secret_text: str, *, ngram: int = 8) -> None:
@@ -56,7 +60,13 @@ class StreamGuard:
         self._ngram = ngram
         secret = _words(secret_text)
         self._secret = {tuple(secret[i : i + ngram]) for i in range(len(secret) - ngram + 1)}
+        # Every shorter run of the instructions' words: the start a recital may have.
+        self._runs = {
+            tuple(secret[i : i + n]) for n in range(1, ngram) for i in range(len(secret) - n + 1)
+        }
         self._words: list[str] = []  # complete words of the answer, normalised
+        self._starts: list[int] = []  # where each of those words starts in the answer
+        self._tail_start: int | None = None  # where a word still growing at the end starts
         self._consumed = 0  # answer characters turned into complete words
         self._leaked = False
         self._has_word: bool | None = None  # None until a letter, digit or enough symbols
@@ -80,9 +90,24 @@ class StreamGuard:
             return "leak"
         return "ok"
 
+    def releasable(self, answer_so_far: str) -> int:
+        """How many characters of the answer (as last judged by `check`) may be shown: all
+        but a closing run of words that could begin a recital of the instructions, and a
+        word still growing. Nothing while the answer is held or has leaked."""
+        if self._leaked or not self._has_word:
+            return 0
+        held = len(answer_so_far) if self._tail_start is None else self._tail_start
+        words = self._words
+        for length in range(min(len(words), self._ngram - 1), 0, -1):
+            if tuple(words[-length:]) in self._runs:
+                return min(held, self._starts[-length])
+        return held
+
     def _restart(self) -> None:
         self._leaked = False
         self._words = []
+        self._starts = []
+        self._tail_start = None
         self._consumed = 0
         self._has_word = None
         self._nonspace = 0
@@ -104,18 +129,24 @@ class StreamGuard:
     def _recites(self, answer: str) -> bool:
         if not self._secret:
             return False
-        new = answer[self._consumed :]
+        offset = self._consumed
+        new = answer[offset:]
         tail: str | None = None  # a word at the very end may still grow: judged, not kept
+        self._tail_start = None
         for match in _WORD.finditer(new):
             if match.end() == len(new):
                 tail = match.group().casefold()
+                self._tail_start = offset + match.start()
                 break
             self._words.append(match.group().casefold())
+            self._starts.append(offset + match.start())
             if self._ends_recital(self._words):
                 return True
         self._consumed = len(answer) - (len(tail) if tail is not None else 0)
         # Only the last ngram - 1 words can start a recital with words still to come.
-        del self._words[: max(0, len(self._words) - self._ngram + 1)]
+        cut = max(0, len(self._words) - self._ngram + 1)
+        del self._words[:cut]
+        del self._starts[:cut]
         return tail is not None and self._ends_recital([*self._words, tail])
 
     def _ends_recital(self, words: list[str]) -> bool:

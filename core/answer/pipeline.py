@@ -19,7 +19,7 @@ from core.answer.explore import Explorer, explores
 from core.answer.extractive import ExtractiveAnswer, Passage, extractive_answer, subject_of
 from core.answer.gaps import gap_reason
 from core.answer.gates import AnswerGates, display
-from core.answer.guard import StreamGuard, refusal
+from core.answer.guard import StreamGuard
 from core.answer.phrases import deferral
 from core.answer.postprocess import postprocess
 from core.answer.prompt import PromptInput, PromptSource, build_messages, secret_text
@@ -29,6 +29,7 @@ from core.answer.related import offer_related
 from core.answer.rewrite import QueryRewriter
 from core.answer.smalltalk import preferred_languages, small_talk
 from core.answer.sources import SourceRef, cited_first
+from core.answer.support import support
 from core.answer.translate import QueryTranslator
 from core.deferrals import is_deferred
 from core.errors import ModelFailed, Unavailable
@@ -423,9 +424,28 @@ class AnswerPipeline:
         if self._chat is not None:
             # Only the stored confidence needs the quote: worked out after the stream, it
             # adds nothing to the time the visitor waits for the first word.
-            _, estimate = await self._estimate(
+            quote, estimate = await self._estimate(
                 request, agent, question, sources, match, trace, said
             )
+            processed = postprocess(generated.text, len(sources), [s.text for s in sources])
+            broken = _broken(generated, processed.text)
+            if broken is not None:
+                # Nothing broken reaches the visitor: the sources' confident quote, else the
+                # deferral, in its place; what the model wrote stays in the trace for staff.
+                log.info("turn.answer.withdrawn agent=%s reason=%s", agent.slug, broken)
+                trace.data["withdrawn"] = {"reason": broken, "text": generated.text[:2000]}
+                generated, sources, estimate = await self._replacement(
+                    generated, quote, estimate, sources, agent, language, threshold, trace
+                )
+            elif generated.mode in WRITTEN and not is_deferred(processed.text):
+                # As sure as the sources answer the question, and as far as they carry what
+                # the model wrote.
+                carried = await support(
+                    processed.text, _cited(sources, processed.citations), self._embedder,
+                    self._pieces,
+                )  # fmt: skip
+                trace.data["support"] = carried.as_dict()
+                estimate = round(estimate * carried.share, 4)
             low_confidence = estimate < threshold
 
         processed = postprocess(generated.text, len(sources), [s.text for s in sources])
@@ -451,12 +471,16 @@ class AnswerPipeline:
                 "citations": list(cited),
                 "cited_sources": {str(new): old for new, old in renumbered.items()},
                 "disconnected": out.gone,
-                "guard": "leak" if generated.leaked else "ok",
+                "guard": "leak"
+                if trace.data.get("withdrawn", {}).get("reason") == "recital"
+                else "ok",
                 "model": generated.model,
                 "usage": generated.usage_dict(),
             }
         )
-        if generated.held:  # written in full and checked: now the visitor reads it
+        if generated.held or (generated.replaced and not generated.shown):
+            # written in full and checked, or put in place of a withdrawn answer nothing of
+            # which was shown: now the visitor reads it
             await self._paced(answer, out)
         outcome = await self._conclude(
             request,
@@ -494,6 +518,33 @@ class AnswerPipeline:
                 passed=generated.passed,
             )  # fmt: skip
         return outcome
+
+    async def _replacement(
+        self,
+        generated: _Generated,
+        quote: ExtractiveAnswer,
+        estimate: float,
+        sources: list[SourceRef],
+        agent: Agent,
+        language: str,
+        threshold: float,
+        trace: _Trace,
+    ) -> tuple[_Generated, list[SourceRef], float]:
+        """What the visitor gets instead of a broken answer: the sources' quote when it is
+        confident, else the deferral with the contact route; and the sources and the
+        confidence that go with it."""
+        quoted = quote.answered and estimate >= threshold
+        text = quote.text if quoted else deferral(language, agent.contact_route)
+        text, sources = cited_first(text, sources)
+        record: list[dict[str, Any]] = trace.data.setdefault("gates", [])
+        passed = await self._gates.fallback(
+            text, sources, agent, record, quoted=quoted, said=trace.data.get("query", "")
+        )
+        replaced = replace(
+            generated, text=text, mode="extractive", leaked=False, deferred=not quoted,
+            passed=passed, replaced=True, sources=None,
+        )  # fmt: skip
+        return replaced, sources, estimate if quoted else 0.0
 
     async def _conclude(
         self,
@@ -921,12 +972,23 @@ class AnswerPipeline:
         assert self._chat is not None
         answer = ""
         released = 0
+        pieces = 0
         usage: Usage | None = None
         first_token: float | None = None
         started = time.perf_counter()
         stream = self._chat.stream(
             messages, max_tokens=self._config.max_tokens, temperature=self._config.temperature
         )
+
+        def written(**fields: Any) -> _Generated:
+            # A reply cut short (a recital stopped, a visitor gone) has no usage from the
+            # server: it is counted from what was sent and received.
+            counted = usage or _estimated_usage(messages, pieces)
+            if usage is None:
+                trace.data["usage_estimated"] = True
+            return _Generated(model=self._chat.model if self._chat else None, usage=counted,
+                              shown=released > 0, **fields)  # fmt: skip
+
         try:
             async for chunk in stream:
                 if chunk.usage is not None:
@@ -934,30 +996,76 @@ class AnswerPipeline:
                     continue
                 if not chunk.text:
                     continue
+                pieces += 1
                 if first_token is None:
                     first_token = time.perf_counter()
                     trace.lap("first_token", started)
                 answer += chunk.text
                 verdict = guard.check(answer)
-                if verdict == "hold":
-                    continue
-                if verdict == "wordless":
-                    return _Generated.failed("the model's reply held no words", self._chat.model)
+                if verdict in ("hold", "wordless"):
+                    continue  # (word-less output is withdrawn once it has ended)
                 if verdict == "leak":
                     log.warning("turn.guard.leak agent=%s", agent.slug)
-                    return _Generated(text=refusal(language), mode="llm", leaked=True,
-                                      model=self._chat.model, usage=usage)  # fmt: skip
-                await out.emit(TurnEvent.token(answer[released:]))
-                released = len(answer)
+                    return written(text=answer, mode="llm", leaked=True)
+                # A closing run of words that may begin a recital waits for the next words.
+                releasable = guard.releasable(answer)
+                if releasable > released:
+                    await out.emit(TurnEvent.token(answer[released:releasable]))
+                    released = releasable
                 if out.gone:
                     break  # the visitor left: stop paying for tokens nobody reads
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-        if not out.gone and (not answer.strip() or guard.check(answer) in ("hold", "wordless")):
-            return _Generated.failed("the model's reply held no words", self._chat.model)
-        if released < len(answer):
+        if guard.check(answer) == "leak":
+            return written(text=answer, mode="llm", leaked=True)
+        if released and released < len(answer) and not out.gone:
             await out.emit(TurnEvent.token(answer[released:]))
-        return _Generated(text=answer, mode="llm", model=self._chat.model, usage=usage)
+            released = len(answer)
+        elif not released and _has_words(answer) and not out.gone:
+            await out.emit(TurnEvent.token(answer))
+            released = len(answer)
+        return written(text=answer, mode="llm")
+
+
+# The modes in which a model wrote the answer.
+WRITTEN = frozenset({"llm", "explore"})
+# Characters per token, roughly, across the languages we serve: for usage a server did not
+# report (a reply cut short).
+_CHARS_PER_TOKEN = 4
+
+
+def _has_words(text: str) -> bool:
+    return any(c.isalnum() for c in text)
+
+
+def _estimated_usage(messages: Sequence[ChatMessage], pieces: int) -> Usage:
+    sent = sum(len(m.content or "") for m in messages)
+    return Usage(prompt_tokens=max(1, sent // _CHARS_PER_TOKEN), completion_tokens=pieces)
+
+
+def _broken(generated: _Generated, processed: str) -> str | None:
+    """Why a model's answer may not stand as written (None: it may): it recites the prompt,
+    holds no words, is nothing but markup once post-processed, or failed validation."""
+    if generated.mode not in WRITTEN or generated.replaced:
+        return None
+    if generated.leaked:
+        return "recital"
+    if not _has_words(generated.text):
+        return "empty"
+    if not _has_words(processed):
+        return "markup"
+    if not generated.passed:
+        return "validation"
+    return None
+
+
+def _cited(sources: Sequence[SourceRef], citations: Sequence[int]) -> list[Passage]:
+    by_number = {s.id: s for s in sources}
+    return [
+        Passage(s.title, s.text, page_id=s.page_id)
+        for n in dict.fromkeys(citations)
+        if (s := by_number.get(n)) is not None
+    ]
 
 
 @dataclass
@@ -977,6 +1085,8 @@ class _Generated:
     # held back until checked (then it is sent after, paced).
     passed: bool = True
     held: bool = False
+    shown: bool = False  # some of it reached the visitor as it streamed
+    replaced: bool = False  # the sources' quote or the deferral, in place of a broken answer
 
     @classmethod
     def failed(

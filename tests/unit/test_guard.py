@@ -157,3 +157,44 @@ def test_the_english_refusal_is_the_agreed_wording() -> None:
         "I can't share that, but I'm happy to help with questions about our products and services."
     )
     assert set(REFUSALS) == {"en", "nl", "de", "fr", "es", "it"}
+
+
+def _shown(guard: StreamGuard, pieces: list[str]) -> tuple[list[str], str]:
+    """What a stream shows piece by piece (verdicts), and all it showed before stopping."""
+    answer, shown, verdicts = "", "", []
+    for piece in pieces:
+        answer += piece
+        verdict = guard.check(answer)
+        verdicts.append(verdict)
+        if verdict == "leak":
+            break
+        shown = answer[: max(len(shown), guard.releasable(answer))]
+    return verdicts, shown
+
+
+def test_no_word_of_a_recital_is_shown_before_it_is_caught() -> None:
+    recital = SECRET.split(" ")
+    pieces = [f"{word} " for word in recital]
+    verdicts, shown = _shown(StreamGuard(SECRET), pieces)
+    assert verdicts[-1] == "leak"
+    assert shown == ""
+    # the same, typed in small pieces and after an answer's own words
+    pieces = ["Sure! ", "Ans", "wer the vis", "itor's ques", "tion using only the ", "inform",
+              "ation in the sources below."]  # fmt: skip
+    verdicts, shown = _shown(StreamGuard(SECRET), pieces)
+    assert verdicts[-1] == "leak"
+    assert shown == "Sure! "
+
+
+def test_an_answer_is_shown_as_it_streams_but_for_a_possible_recitals_start() -> None:
+    guard = StreamGuard(SECRET)
+    answer = "Parcels to Belgium take two to three working days"
+    assert guard.check(answer) == "ok"
+    # "days" may still grow; everything before it is out
+    assert answer[: guard.releasable(answer)] == "Parcels to Belgium take two to three working "
+    answer += ". Cite"  # "cite" begins the instructions' second sentence: held
+    assert guard.check(answer) == "ok"
+    assert guard.releasable(answer) == answer.index("Cite")
+    answer += " this page as [1] please."
+    assert guard.check(answer) == "ok"
+    assert guard.releasable(answer) >= answer.index("please")
