@@ -201,6 +201,29 @@ async def test_llm_answer_streams_with_citations_and_a_guarded_prompt(
     await page.close()
 
 
+async def test_a_withdrawn_model_answer_is_replaced_in_the_bubble(
+    browser: Browser, start_gateway: StartGateway, llm: FakeLlm
+) -> None:
+    # The model writes nothing but the prompt's markup: it streams, then is withdrawn.
+    llm.fake.replies[MODEL] = ['<source id="1" url="/en/shipping.html">Shipping</source>']
+    gateway = await start_gateway(with_llm=True)
+    page = await open_shop(browser, gateway, "/en/shipping.html")
+    await open_chat(page, "Open chat")
+    await ask(page, "How long does delivery to Belgium take?")
+    frames = await follow_answer(page)
+    reply = last_answer(page)
+    await expect(reply).to_have_attribute("data-state", "done")
+    await expect(reply).to_have_attribute("data-mode", "extractive")
+    # The bubble shows what the turn answered in the end: the sources' quote, no markup.
+    answer = reply.locator(".answer")
+    await expect(answer).to_contain_text("Belgium")
+    assert "<source" not in await answer.inner_text()
+    assert frames[-1]["text"] == await answer.text_content()
+    await expect(reply.locator(".sources").get_by_role("link").first).to_be_visible()
+    await page.screenshot(path=str(ARTIFACTS / "withdrawn-answer.png"))
+    await page.close()
+
+
 HOSTILE_IMG = '<img src=x onerror="window.pwned=1">'
 HOSTILE_TITLE = f"{HOSTILE_IMG}Hostile"
 HOSTILE_ANSWER = f"<script>window.pwned=1</script>The lantern costs 12.34 euro [1]. {HOSTILE_IMG}"
