@@ -43,6 +43,7 @@ import numpy as np
 
 from bench.answer_figures import Attempt, print_outcomes
 from bench.database import bench_settings
+from bench.model import evaluated_model
 from core.answer.confidence import WEIGHTS
 from core.answer.factory import build_pipeline
 from core.answer.pipeline import ANSWER_THRESHOLD, AnswerPipeline, PipelineConfig, TurnOutcome
@@ -224,14 +225,14 @@ async def open_shop(settings: Settings) -> tuple[Database, UseEmbedder, Agents]:
 async def evaluate(settings: Settings, cases: Sequence[Case]) -> list[Reply]:
     database, embedder, agents = await open_shop(settings)
     await agents.update(AGENT, settings={"answer_threshold": 0.0})
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session, evaluated_model(settings) as chat:
         pipeline = build_pipeline(
             settings,
             database.pool,
             LocalCache(),
             embedder,
             session,
-            chat=None,
+            chat=chat,
             config=PipelineConfig(pace_seconds=0.0),
         )
         replies = [await run_case(pipeline, database.pool, case) for case in cases]

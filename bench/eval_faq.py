@@ -44,6 +44,7 @@ import aiohttp
 
 from bench.answer_figures import Attempt, print_calibration, print_outcomes, print_wrong
 from bench.database import bench_settings
+from bench.model import evaluated_model
 from core.answer.factory import build_pipeline
 from core.answer.pipeline import ANSWER_THRESHOLD, AnswerPipeline, PipelineConfig
 from core.cache import LocalCache
@@ -235,9 +236,9 @@ async def evaluate(settings: Settings, only: str | None = None) -> list[Attempt]
     if only:
         cases = [c for c in cases if re.search(only, f"{c.qid} {c.kind}")]
     database, embedder, urls = await open_agents(settings, entries)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session, evaluated_model(settings) as chat:
         pipeline = build_pipeline(
-            settings, database.pool, LocalCache(), embedder, session, chat=None,
+            settings, database.pool, LocalCache(), embedder, session, chat=chat,
             config=PipelineConfig(pace_seconds=0.0),
         )  # fmt: skip
         attempts = [await run_case(pipeline, database, urls, case) for case in cases]
