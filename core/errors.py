@@ -11,7 +11,9 @@ The hierarchy::
     │   ├── StoreUnavailable        PostgreSQL
     │   ├── CacheUnavailable        Redis (readiness reports it; requests never see it)
     │   ├── ModelFailed             the language model failed a request; ``transient`` says
-    │   │                           whether trying again later may work
+    │   │   │                       whether trying again later may work
+    │   │   └── ToolsUnsupported    the server, or the model there, takes no tools (it refuses
+    │   │                           them, or answers as if none were offered)
     │   ├── MediaUnavailable        an inbound media file could not be downloaded
     │   │                           (core/media.py); ``reason`` says why, ``transient``
     │   │                           whether trying again later may work
@@ -71,6 +73,15 @@ class ModelFailed(Unavailable):
     def __init__(self, message: str, *, transient: bool = True) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class ToolsUnsupported(ModelFailed):
+    """The server, or the model there, takes no tools: it refused them by name, or answered a
+    request for a tool call with text (a chat template without tools drops them silently).
+    Asking again with tools will not help until the server is set up for them."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
 
 
 class MediaUnavailable(Unavailable):

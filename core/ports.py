@@ -185,7 +185,8 @@ class ChatModel(Protocol):
         timeout: float | None = None,  # noqa: ASYNC109 - the HTTP request's own timeout
     ) -> ChatReply:
         """One assistant message at once, which may ask for some of ``tools`` to be called
-        (``tool_choice="none"``: it may not)."""
+        (``tool_choice="none"``: it may not). `core.errors.ToolsUnsupported` (a `ModelFailed`)
+        when the server, or the model there, takes no tools."""
         ...
 
 

@@ -944,6 +944,11 @@ class AnswerPipeline:
                         messages, sources, language, emit=out.emit,
                         say=lambda text: self._paced(text, out), trace=trace.data,
                     )  # fmt: skip
+                    if explored is None:
+                        # It could not explore (the trace says why): the answer is written
+                        # from the search results, as for an agent that does not explore.
+                        await out.emit(TurnEvent.status("answering"))
+                        return await self._stream(agent, messages, language, guard, out, trace)
                     return _Generated(
                         text=explored.text, mode="explore", leaked=explored.leaked,
                         model=self._chat.model, usage=explored.usage, deferred=explored.deferred,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -22,14 +23,17 @@ from tenacity import (
     wait_random,
 )
 
-from core.errors import ModelFailed
+from core.errors import ModelFailed, ToolsUnsupported
 from core.llm.openai_client import (
     FAILURES,
     TRANSIENT_ERRORS,
     configured_endpoint,
     failure_reason,
     is_transient,
+    model_missing,
     open_client,
+    refuses_field,
+    refuses_tools,
 )
 from core.ports import ChatChunk, ChatMessage, ChatModel, ChatReply, Tool, ToolCall, Usage
 from core.settings import Settings
@@ -37,6 +41,10 @@ from core.settings import Settings
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# How long what a server showed of a model's tools (it calls them, or it takes none) is
+# believed: a server restarted with tools switched on is found within this many seconds.
+TOOL_SUPPORT_SECONDS = 600.0
 
 DEFAULT_FIRST_TOKEN_TIMEOUT = 20.0
 DEFAULT_TOTAL_TIMEOUT = 90.0
@@ -119,6 +127,8 @@ class OpenAIChatModel:
     A consumer that stops early must ``aclose()`` the stream so the HTTP response closes.
     """
 
+    tool_support_seconds = TOOL_SUPPORT_SECONDS
+
     def __init__(
         self,
         model: str,
@@ -136,6 +146,11 @@ class OpenAIChatModel:
         self._attempts = attempts
         self._backoff = backoff
         self._client = open_client(api_key=api_key, base_url=base_url, timeout=total_timeout)
+        # Per model: whether its server calls tools, and until when that is believed.
+        self._tool_support: dict[str, tuple[bool, float]] = {}
+        # Per model: the optional request fields its server refused by name (a strict server
+        # without `stream_options` or `parallel_tool_calls`); they are no longer sent.
+        self._refused: dict[str, set[str]] = {}
 
     @property
     def model(self) -> str:
@@ -154,8 +169,46 @@ class OpenAIChatModel:
 
     def _failed(self, what: str, model: str, exc: BaseException) -> ModelFailed:
         reason, transient = failure_reason(exc), is_transient(exc)
+        if model_missing(exc):  # a name misspelt, or a model not pulled (Ollama)
+            reason = f"{reason}, the server has no model {model!r}"
         log.warning("llm.%s.failed model=%s reason=%s transient=%s", what, model, reason, transient)
         return ModelFailed(f"language model failed: {reason}", transient=transient)
+
+    async def _without_refused(
+        self,
+        name: str,
+        body: dict[str, Any],
+        optional: Sequence[str],
+        send: Callable[[dict[str, Any]], Awaitable[T]],
+    ) -> T:
+        """``send(body)``. A strict server that refuses one of the ``optional`` fields by name
+        is asked once more without it; once that try is answered, the field is left out of
+        this model's requests from then on."""
+        refused = self._refused.setdefault(name, set())
+        body = {key: value for key, value in body.items() if key not in refused}
+        try:
+            return await send(body)
+        except FAILURES as exc:
+            field = next((f for f in optional if f in body and refuses_field(exc, f)), None)
+            if field is None:
+                raise
+            log.info("llm.field.refused model=%s field=%s", name, field)
+            result = await send({key: value for key, value in body.items() if key != field})
+            refused.add(field)
+            return result
+
+    def _tools_known(self, name: str) -> bool | None:
+        """Whether the server calls tools for model ``name``; None while that is not known."""
+        known = self._tool_support.get(name)
+        return known[0] if known is not None and time.monotonic() < known[1] else None
+
+    def _remember_tools(self, name: str, supported: bool) -> None:
+        self._tool_support[name] = (supported, time.monotonic() + self.tool_support_seconds)
+
+    def _no_tools(self, name: str, why: str) -> ToolsUnsupported:
+        self._remember_tools(name, False)
+        log.warning("llm.tools.unsupported model=%s why=%s", name, why)
+        return ToolsUnsupported(f"language model {name!r} takes no tools on this server: {why}")
 
     async def stream(
         self,
@@ -176,21 +229,28 @@ class OpenAIChatModel:
                 # the event loop about 150 us per token, which with 50 answers streaming at
                 # once was a third of a core spent on objects read for one string. The
                 # client still sends, decodes the stream and raises its errors.
-                response = await self._retrying(
-                    lambda: self._client.post(
-                        "/chat/completions",
-                        body={
-                            "model": name,
-                            "messages": _wire(messages),
-                            "max_tokens": max_tokens,
-                            "temperature": temperature,
-                            "stream": True,
-                            "stream_options": {"include_usage": True},
-                        },
-                        cast_to=object,
-                        stream=True,
-                        stream_cls=AsyncStream[object],
-                    )
+                # A strict server that knows no `stream_options` is asked again without:
+                # the reply then may come without its usage.
+                response = await self._without_refused(
+                    name,
+                    {
+                        "model": name,
+                        "messages": _wire(messages),
+                        "max_tokens": max_tokens,
+                        "temperature": temperature,
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                    },
+                    ("stream_options",),
+                    lambda body: self._retrying(
+                        lambda: self._client.post(
+                            "/chat/completions",
+                            body=body,
+                            cast_to=object,
+                            stream=True,
+                            stream_cls=AsyncStream[object],
+                        )
+                    ),
                 )
         except FAILURES as exc:
             raise self._failed("stream", name, exc) from exc
@@ -226,14 +286,21 @@ class OpenAIChatModel:
         what: str,
         name: str,
         timeout: float | None,  # noqa: ASYNC109 - the request's own deadline
+        optional: Sequence[str] = (),
         **request: Any,
     ) -> ChatCompletion:
-        """One whole (not streamed) completion with retries within ``timeout``; every
-        failure, and a reply without choices, is `ModelFailed`."""
+        """One whole (not streamed) completion with retries within ``timeout``, asked once
+        more without an ``optional`` field a strict server refuses; every failure, and a reply
+        without choices, is `ModelFailed`."""
         try:
             async with asyncio.timeout(timeout if timeout is not None else self._total_timeout):
-                completion: ChatCompletion = await self._retrying(
-                    lambda: self._client.chat.completions.create(model=name, **request)
+                completion: ChatCompletion = await self._without_refused(
+                    name,
+                    request,
+                    optional,
+                    lambda body: self._retrying(
+                        lambda: self._client.chat.completions.create(model=name, **body)
+                    ),
                 )
         except FAILURES as exc:
             raise self._failed(what, name, exc) from exc
@@ -271,22 +338,45 @@ class OpenAIChatModel:
         model: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the ChatModel port asks for it
     ) -> ChatReply:
-        completion = await self._create(
-            "respond",
-            model or self._model,
-            timeout,
-            messages=_wire(messages),
-            tools=[_wire_tool(t) for t in tools],
-            tool_choice=tool_choice,
-            max_tokens=max_tokens,
-            temperature=temperature,
-        )
+        """`ToolsUnsupported` when the server, or the model there, takes no tools: found at
+        the model's first request with tools, and believed for `tool_support_seconds`."""
+        name = model or self._model
+        known = self._tools_known(name) if tools else True
+        if known is False:
+            raise ToolsUnsupported(f"language model {name!r} takes no tools on this server")
+        # Until the server has shown that it calls tools for this model, a call is asked for
+        # outright: a server that drops `tools` silently (llama.cpp, a chat template without
+        # them) answers with text all the same, and so tells.
+        probe = known is None and tool_choice == "auto"
+        request: dict[str, Any] = {
+            "messages": _wire(messages),
+            "tools": [_wire_tool(t) for t in tools],
+            "tool_choice": "required" if probe else tool_choice,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        if tools:
+            # One call at a time: a server that allows several by default (llama.cpp) may
+            # write calls until max_tokens cuts one in half, and answer that with a 500.
+            request["parallel_tool_calls"] = False
+        try:
+            completion = await self._create(
+                "respond", name, timeout, optional=("parallel_tool_calls",), **request
+            )
+        except ModelFailed as failed:
+            if tools and refuses_tools(failed.__cause__):
+                raise self._no_tools(name, "it refused them") from failed.__cause__
+            raise
         message = completion.choices[0].message
         calls = tuple(
             ToolCall(call.id, call.function.name, call.function.arguments)
             for call in message.tool_calls or ()
             if call.type == "function"
         )
+        if probe and not calls:
+            raise self._no_tools(name, "it answered a request for a tool call with text")
+        if calls:
+            self._remember_tools(name, True)
         usage = completion.usage
         return ChatReply(
             message.content or "",

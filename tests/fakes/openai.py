@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from aiohttp import web
@@ -34,6 +34,36 @@ _POLL = 0.01  # how often a waiting handler looks whether the client is still th
 AUDIO_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "oga", "ogg", "wav", "webm")
 # OpenAI refuses larger uploads.
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
+
+# The OpenAI-compatible server a fake speaks like (`FakeOpenAI.server`).
+Server = Literal["openai", "llama.cpp", "ollama", "vllm", "strict"]
+# The error types of the other servers, by status (llama.cpp's format_error_response, vLLM's
+# exception names, Ollama's openai.NewError).
+_LLAMA_CPP_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+_VLLM_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+}
+_OLLAMA_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
+# The request fields the strict server knows (a request model that forbids extra fields, as
+# vLLM's and FastChat's once did): `stream_options` and `parallel_tool_calls` are not among them.
+STRICT_FIELDS = frozenset(
+    {
+        "model", "messages", "max_tokens", "temperature", "top_p", "n", "stop", "stream",
+        "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed",
+        "response_format", "tools", "tool_choice",
+    }
+)  # fmt: skip
 
 
 def fake_vector(text: str, dimension: int) -> list[float]:
@@ -88,6 +118,12 @@ def calls(*tool_calls: dict[str, Any]) -> dict[str, Any]:
     return {"content": None, "tool_calls": list(tool_calls)}
 
 
+async def _ollama_not_found(request: web.Request) -> web.Response:
+    """What Ollama's router (gin) answers outside its routes, e.g. `/chat/completions`
+    without `/v1`."""
+    return web.Response(status=404, text="404 page not found")
+
+
 def _client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
@@ -108,6 +144,18 @@ class FakeOpenAI:
     else by ``tool_responder(body)``, else like any other: each is an assistant message in
     OpenAI's wire format, ``{"content": ..., "tool_calls": [tool_call(...), ...]}`` (see
     `calls`); `tool_results` tells what came back for each call in the requests after it.
+
+    ``server`` makes the chat route speak like another OpenAI-compatible server, from its
+    documented wire format: its error bodies, its stream's chunks (llama.cpp and Ollama leave
+    ``usage`` out but in the last chunk, whose ``choices`` are empty; llama.cpp adds
+    ``timings``), and what it does with tools. Without ``tools_supported``, llama.cpp drops
+    ``tools`` silently (a chat template without them: the reply is text), vLLM refuses
+    ``tool_choice`` "auto" (started without a tool parser) and Ollama refuses any. llama.cpp
+    writes several tool calls unless ``parallel_tool_calls`` is false, and answers calls cut by
+    ``max_tokens`` (counted in words) with a 500. Ollama answers only under ``/v1``. The strict
+    server refuses fields it does not know (`STRICT_FIELDS`) with a 400 naming them.
+    ``reasoning`` is streamed before the answer in ``reasoning_content`` deltas (Ollama:
+    ``reasoning``), as servers with a reasoning parser do.
 
     Transcripts come from ``transcripts[audio_key(audio)]``, else ``transcriber(audio)``,
     else ``default_transcript``; `transcription_requests` tells what was uploaded.
@@ -147,6 +195,12 @@ class FakeOpenAI:
     # Statuses the transcription route answers before succeeding, e.g. [500] or [401].
     transcription_failures: list[int] = field(default_factory=list)
     transcription_delay: float = 0.0  # seconds before a transcript is answered
+    # The server the chat route speaks like (see above); "openai": OpenAI's own API.
+    server: Server = "openai"
+    # Whether the model takes tools; what a server does when not depends on the server.
+    tools_supported: bool = True
+    # A reasoning model's thinking, streamed before its answer; None: it writes none.
+    reasoning: str | None = None
 
     def app(self) -> web.Application:
         # Room for OpenAI's own upload limit, so the fake answers 413 where OpenAI would.
@@ -154,6 +208,9 @@ class FakeOpenAI:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/audio/transcriptions", self._transcription)
+        if self.server == "ollama":
+            # Ollama's OpenAI-compatible API is under /v1 only; elsewhere its router says 404.
+            app.router.add_route("*", "/{path:.*}", _ollama_not_found)
         return app
 
     @property
@@ -286,6 +343,111 @@ class FakeOpenAI:
             self.disconnects += 1
             self.disconnected.set()
 
+    # -- other servers (`server`) ------------------------------------------------------------
+
+    def _server_error(self, status: int, message: str) -> web.Response:
+        """An error as `server` writes it."""
+        body: dict[str, Any]
+        if self.server == "llama.cpp":
+            kind = _LLAMA_CPP_ERROR_TYPES.get(status, "server_error")
+            body = {"error": {"code": status, "message": message, "type": kind}}
+        elif self.server == "ollama":
+            kind = _OLLAMA_ERROR_TYPES.get(status, "api_error")
+            body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        elif self.server == "vllm":
+            kind = _VLLM_ERROR_TYPES.get(status, "BadRequestError")
+            body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+        elif self.server == "strict":
+            kind = _VLLM_ERROR_TYPES.get(status, "BadRequestError")
+            body = {"object": "error", "message": message, "type": kind, "param": None,
+                    "code": status}  # fmt: skip
+        else:
+            return _error(status, message)
+        return web.json_response(body, status=status)
+
+    def _refusal(self, body: dict[str, Any]) -> web.Response | None:
+        """The 400 `server` answers a chat request with before any model reads it, if any."""
+        if self.server == "strict":
+            unknown = [name for name in body if name not in STRICT_FIELDS]
+            if unknown:
+                details = [
+                    {"type": "extra_forbidden", "loc": ("body", name),
+                     "msg": "Extra inputs are not permitted", "input": body[name]}
+                    for name in unknown
+                ]  # fmt: skip
+                return self._server_error(400, str(details))
+        if not body.get("tools") or self.tools_supported:
+            return None
+        if self.server == "vllm" and body.get("tool_choice", "auto") == "auto":
+            return self._server_error(
+                400,
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set",
+            )
+        if self.server == "ollama":
+            model = str(body["model"])
+            name = model if ":" in model else f"{model}:latest"
+            return self._server_error(
+                400, f"registry.ollama.ai/library/{name} does not support tools"
+            )
+        return None
+
+    def _heard(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The request as the model reads it: llama.cpp leaves the tools out of the prompt of
+        a model whose chat template has none, without a word, and the model answers in text."""
+        if self.server == "llama.cpp" and not self.tools_supported:
+            dropped = ("tools", "tool_choice", "parallel_tool_calls")
+            return {key: value for key, value in body.items() if key not in dropped}
+        return body
+
+    def _written(
+        self, body: dict[str, Any], reply: str | dict[str, Any]
+    ) -> str | dict[str, Any] | web.Response:
+        """The reply as llama.cpp writes it: one tool call when ``parallel_tool_calls`` is
+        false (else all), and a 500 when ``max_tokens`` (in words here) ends the reply within
+        a call's arguments, which then do not parse."""
+        if self.server != "llama.cpp" or not isinstance(reply, dict):
+            return reply
+        written = list(reply.get("tool_calls") or ())
+        if body.get("parallel_tool_calls") is False:
+            written = written[:1]
+        budget = body.get("max_tokens")
+        for call in written:
+            arguments = str(call["function"]["arguments"])
+            pieces = split_deltas(arguments)
+            if isinstance(budget, int):
+                budget -= 2  # the call's name and markup
+                if len(pieces) > budget:
+                    read = "".join(pieces[: max(0, budget)])
+                    last = read[read.rfind('"') :] if '"' in read else read
+                    return self._server_error(
+                        500,
+                        "Failed to parse tool call arguments as JSON: "
+                        "[json.exception.parse_error.101] parse error at line 1, column "
+                        f"{len(read) + 1}: syntax error while parsing value - invalid string: "
+                        f"missing closing quote; last read: '{last}'",
+                    )
+                budget -= len(pieces)
+        return {**reply, "tool_calls": written} if written else reply
+
+    @property
+    def _reasoning_field(self) -> str:
+        return "reasoning" if self.server == "ollama" else "reasoning_content"
+
+    def _chunk_as_written(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A stream chunk as `server` writes it."""
+        if self.server in ("llama.cpp", "ollama") and data.get("usage") is None:
+            data = {key: value for key, value in data.items() if key != "usage"}
+        if self.server == "llama.cpp":
+            data["system_fingerprint"] = "b6500-fake"
+            if "usage" in data:
+                data["timings"] = {"prompt_n": data["usage"]["prompt_tokens"],
+                                   "predicted_n": data["usage"]["completion_tokens"],
+                                   "prompt_ms": 12.5, "predicted_ms": 80.0}  # fmt: skip
+        elif self.server == "ollama":
+            data["system_fingerprint"] = "fp_ollama"
+        return data
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self._record(request, body)
@@ -312,11 +474,16 @@ class FakeOpenAI:
             return _error(self.models_down[body["model"]], self.error_message)
         if not body.get("model") or not isinstance(body.get("messages"), list):
             return _error(400, "model and messages are required")
+        refused = self._refusal(body)
+        if refused is not None:
+            return refused
         if self.hang:
             await self._wait(request, float("inf"))
             self._gone(body)
             return web.Response(status=499)  # nobody is listening any more
-        reply = self._reply_for(body)
+        reply = self._written(body, self._reply_for(self._heard(body)))
+        if isinstance(reply, web.Response):
+            return reply
         if body.get("stream"):
             text = reply if isinstance(reply, str) else str(reply.get("content") or "")
             return await self._stream(request, body, text)
@@ -340,6 +507,8 @@ class FakeOpenAI:
             message = {"role": "assistant", "content": reply.get("content"), "refusal": None}
             if reply.get("tool_calls"):
                 message["tool_calls"] = reply["tool_calls"]
+        if self.reasoning is not None:
+            message[self._reasoning_field] = self.reasoning
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -376,6 +545,7 @@ class FakeOpenAI:
                 "choices": choices,
                 "usage": usage,
             }
+            data = self._chunk_as_written(data)
             return f"data: {json.dumps(data)}\n\n".encode()
 
         def choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
@@ -383,6 +553,8 @@ class FakeOpenAI:
 
         try:
             await response.write(chunk(choice({"role": "assistant", "content": ""})))
+            for piece in split_deltas(self.reasoning or ""):
+                await response.write(chunk(choice({self._reasoning_field: piece})))
             for number, delta in enumerate(split_deltas(reply)):
                 delay = self.first_token_delay if number == 0 else self.token_delay
                 if number == self.break_after or not await self._wait(request, delay):

@@ -198,8 +198,12 @@ async def test_pruned_pages_do_not_exist_and_an_unread_citation_defers(rig: Rig)
 
 
 async def test_no_evidence_no_answer_and_bounds(rig: Rig) -> None:
-    # An answer from nowhere: nothing opened, nothing found by search.
-    rig.fake.tool_replies = [{"content": "Delivery takes 2 days."}]
+    # An answer from nowhere: nothing opened, nothing found by search. (The model's first
+    # request with tools asks for a call outright: a server that calls tools makes one.)
+    rig.fake.tool_replies = [
+        calls(tool_call("find", {"name": "norway"})),
+        {"content": "Delivery takes 2 days."},
+    ]
     unfounded = await rig.ask("How long does delivery to Belgium take?")
     assert unfounded.done is not None
     assert unfounded.done["answer"] == deferral("en", CONTACT)
@@ -233,3 +237,94 @@ async def test_no_evidence_no_answer_and_bounds(rig: Rig) -> None:
     rig.fake.chat_down_with = 500
     failed = await rig.ask("Do you ship to Norway?")  # (not one the answer cache knows)
     assert failed.error == {"code": "llm_failed", "message": "the answer could not be generated"}
+
+
+ANSWER = "Shipping to Belgium costs 4.95 euro per order [1]."
+
+
+def _with_tools(rig: Rig) -> list[dict[str, Any]]:
+    return [body for body in rig.fake.turn_requests if body.get("tools")]
+
+
+async def test_a_server_without_tools_gets_the_answer_written_from_the_search(rig: Rig) -> None:
+    # llama.cpp serving a model whose chat template has no tools: they are dropped without a
+    # word and the model answers in text, even when asked for a tool call.
+    rig.fake.server, rig.fake.tools_supported = "llama.cpp", False
+    rig.fake.responder = lambda body: ANSWER
+    await rig.agents.update("shop", confidence_threshold=0.0)
+    output = await rig.ask("What does shipping to Belgium cost?")
+
+    assert output.error is None
+    assert output.done is not None
+    assert (output.done["answer"], output.done["mode"]) == (ANSWER, "llm")
+    assert output.streamed_text == ANSWER
+    assert _steps(output)[-1] == {"step": "answering"}
+    trace = await rig.trace(output)
+    assert trace["exploration_fell_back"] == "tools unsupported by the server"
+    assert [s["url"] for s in output.sources] == [trace["sources"][0]["url"]]
+    # The one request with tools asked for a call, one at a time; the answer streamed, and
+    # llama.cpp's last chunk (no choices, the usage) was read.
+    (probe,) = _with_tools(rig)
+    assert (probe["tool_choice"], probe["parallel_tool_calls"]) == ("required", False)
+    streamed = rig.fake.turn_requests[-1]
+    assert streamed["stream"] is True
+    assert "tools" not in streamed
+    assert trace["usage"]["completion_tokens"] == len(ANSWER.split())
+
+    # Remembered: the next turn asks for no tools at all.
+    again = await rig.ask("How long does delivery to Belgium take?")
+    assert again.done is not None
+    assert (again.done["answer"], again.done["mode"]) == (ANSWER, "llm")
+    assert (await rig.trace(again))["exploration_fell_back"] == "tools unsupported by the server"
+    assert len(_with_tools(rig)) == 1
+
+
+async def test_a_tool_call_cut_by_max_tokens_gets_the_answer_written_from_the_search(
+    rig: Rig,
+) -> None:
+    # llama.cpp, tools and all: a call whose arguments max_tokens (700) cuts in half does not
+    # parse, and llama.cpp answers 500.
+    rig.fake.server = "llama.cpp"
+    rig.fake.tool_responder = lambda body: calls(tool_call("grep", {"pattern": "belgium " * 900}))
+    rig.fake.responder = lambda body: ANSWER
+    await rig.agents.update("shop", confidence_threshold=0.0)
+    output = await rig.ask("What does shipping to Belgium cost?")
+
+    assert output.error is None
+    assert output.done is not None
+    assert (output.done["answer"], output.done["mode"]) == (ANSWER, "llm")
+    assert output.streamed_text == ANSWER
+    assert len(output.sources) == 1
+    trace = await rig.trace(output)
+    assert trace["exploration_fell_back"] == (
+        "a request with tools failed (language model failed: status 500)"
+    )
+    assert trace["exploration"] == []
+
+
+async def test_one_tool_call_at_a_time_is_asked_for_where_the_server_takes_the_field(
+    rig: Rig,
+) -> None:
+    rig.fake.tool_replies = [
+        calls(tool_call("cat", {"path": "/en/shipping/costs.md"}, "cat")),
+        {"content": "Shipping costs 4.95 euro [1]."},
+    ]
+    first = await rig.ask("What does shipping to Belgium cost?")
+    assert first.done is not None
+    assert first.done["mode"] == "explore"
+    assert [body["parallel_tool_calls"] for body in _with_tools(rig)] == [False, False]
+
+    # A strict server refuses the field by name: asked once more without it, and never again.
+    rig.fake.server = "strict"
+    rig.fake.tool_replies = [
+        calls(tool_call("cat", {"path": "/en/shipping/costs.md"}, "cat-2")),
+        {"content": "Shipping costs 4.95 euro [1]."},
+    ]
+    second = await rig.ask("And what does shipping to Belgium cost now?")
+    assert second.done is not None
+    assert (second.done["answer"], second.done["mode"]) == (
+        "Shipping costs 4.95 euro [1].",
+        "explore",
+    )
+    asked = _with_tools(rig)[2:]
+    assert ["parallel_tool_calls" in body for body in asked] == [True, False, False]

@@ -1,5 +1,7 @@
 """One exploration: the model browses the pages with read-only tools, within bounds, and
-answers only from what it read; otherwise the turn defers."""
+answers only from what it read; otherwise the turn defers. A model that cannot explore (no
+tools on its server, a request that fails) leaves the turn to the answer written as without
+exploring."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from core.answer.phrases import deferral
 from core.answer.postprocess import postprocess
 from core.answer.prompt import secret_text
 from core.answer.sources import SourceRef, cited_first
-from core.errors import ModelFailed
+from core.errors import ModelFailed, ToolsUnsupported
 from core.ports import ChatMessage, ChatModel, ChatReply, Usage
 from core.retrieval.retriever import RetrievalQuery, Retriever
 from core.store.page_catalog import PageCatalog
@@ -126,10 +128,13 @@ class Explorer:
         emit: Emit,
         say: Say,
         trace: dict[str, Any],
-    ) -> Explored:
+    ) -> Explored | None:
         """Explore with the prompt ``messages`` (whose sources are ``sources``), the pages
         pruned by ``query``'s visibility and tag filters before the model sees any; ``say``
-        streams the final text. A failing model raises `ModelFailed`."""
+        streams the final text. None when the model could not explore: its server takes no
+        tools, a request with tools failed (a 5xx, a timeout, a malformed reply) or the answer
+        held no words; nothing was said then, and the trace's ``exploration_fell_back`` says
+        why."""
         agent = query.agent
         bounds = Bounds.of(agent.settings)
         await emit(TurnEvent.status("searching"))
@@ -151,14 +156,22 @@ class Explorer:
         calls: list[dict[str, Any]] = trace.setdefault("exploration", [])
         trace["exploration_pages"] = len(tree)
         session = _Session(self._ask, chat, tools, bounds, calls, emit)
-        answer, end = await session.run()
+        try:
+            answer, end = await session.run()
+        except ToolsUnsupported:
+            _fell_back(trace, agent.slug, "tools unsupported by the server")
+            return None
+        except ModelFailed as exc:
+            _fell_back(trace, agent.slug, f"a request with tools failed ({exc.message})")
+            return None
         trace["exploration_end"] = end
         usage = session.usage
         if answer is None:
             return await self._defer(agent.contact_route, language, say, usage, calls)
         verdict = StreamGuard(f"{secret_text()} {RULES}").check(answer)
         if verdict in ("hold", "wordless"):
-            raise ModelFailed("the model's reply held no words", transient=True)
+            _fell_back(trace, agent.slug, "the model's answer held no words")
+            return None
         if verdict == "leak":
             log.warning("explore.guard.leak agent=%s", agent.slug)
             trace["exploration_end"] = "recited the prompt"
@@ -200,6 +213,11 @@ class Explorer:
         return Explored(text, [], usage, deferred=True, calls=calls)
 
 
+def _fell_back(trace: dict[str, Any], agent: str, why: str) -> None:
+    trace["exploration_fell_back"] = why
+    log.warning("explore.fell_back agent=%s why=%s", agent, why)
+
+
 class _Session:
     """The loop: ask the model, run the tools it calls, until it answers or a bound ends it."""
 
@@ -229,12 +247,9 @@ class _Session:
             if remaining <= 0:
                 return None, "time limit"
             last = len(self._calls) >= self._bounds.steps
-            try:
-                reply = await self._ask(self._messages, last, remaining)
-            except ModelFailed:
-                if loop.time() >= deadline:
-                    return None, "time limit"
-                raise
+            # A request that fails (a timeout within the time left included) raises: the turn
+            # is then answered as without exploring.
+            reply = await self._ask(self._messages, last, remaining)
             self._count(reply.usage)
             if not reply.tool_calls:
                 return reply.text, "answered"
