@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -178,6 +179,20 @@ class Settings(BaseSettings):
         None, validation_alias=_env("PARLEY_LLM_API_KEY", "OPENAI_API_KEY", "llm_api_key")
     )
     llm_model: str = "gpt-4o-mini"
+    # The model's deadlines, in seconds (README: "Timeouts"; `llm_timeouts` reads them). An
+    # answer: the server must begin its response (connecting, waiting for a free slot)
+    # within the queue limit, send the first word within the first-token limit counted from
+    # that moment, and end within the answer limit counted from the request. Hosted models
+    # are quick at each; a CPU server with few slots queues, and reads the prompt slowly.
+    llm_queue_timeout_seconds: float = Field(20.0, gt=0, le=3600)
+    llm_first_token_timeout_seconds: float = Field(20.0, gt=0, le=3600)
+    llm_answer_timeout_seconds: float = Field(90.0, gt=0, le=3600)
+    # The short calls around an answer; unset: the older *_TIMEOUT_MS settings below (whose
+    # defaults are 1.5 s for the rewrite and the translation, 8 s for summary and critic).
+    llm_rewrite_timeout_seconds: float | None = Field(None, gt=0, le=600)
+    llm_translate_timeout_seconds: float | None = Field(None, gt=0, le=600)
+    llm_summary_timeout_seconds: float | None = Field(None, gt=0, le=600)
+    llm_critic_timeout_seconds: float | None = Field(None, gt=0, le=600)
     rewrite_model: str | None = None
     rewrite_timeout_ms: int = Field(1500, ge=50, le=30000)
     # Conversation summaries (core/memory): default model is the rewrite model, else the main.
@@ -190,7 +205,8 @@ class Settings(BaseSettings):
     critic_timeout_ms: int = Field(8000, ge=100, le=60000)
     # Query translation (core/answer/translate.py): a question in a language the knowledge
     # is not written in is searched in the knowledge's language, translated by this model
-    # within rewrite_timeout_ms. Unset: searched as asked (the embedder is multilingual).
+    # within llm_timeouts.translate (the rewrite's unless set). Unset: searched as asked (the
+    # embedder is multilingual).
     translate_model: str | None = None
     # Voice notes: the speech-to-text model at the LLM's API (e.g. whisper-1 or
     # gpt-4o-mini-transcribe; core/transcribe.py); unset: nothing is transcribed.
@@ -342,6 +358,45 @@ class Settings(BaseSettings):
     @property
     def llm_configured(self) -> bool:
         return self.llm_base_url is not None or self.llm_api_key is not None
+
+    @property
+    def llm_timeouts(self) -> LlmTimeouts:
+        """The model's deadlines in seconds: a PARLEY_LLM_*_TIMEOUT_SECONDS setting, else the
+        older PARLEY_*_TIMEOUT_MS one (still read), else its default."""
+
+        def either(seconds: float | None, ms: int) -> float:
+            return seconds if seconds is not None else ms / 1000
+
+        rewrite = either(self.llm_rewrite_timeout_seconds, self.rewrite_timeout_ms)
+        return LlmTimeouts(
+            queue=self.llm_queue_timeout_seconds,
+            first_token=self.llm_first_token_timeout_seconds,
+            answer=self.llm_answer_timeout_seconds,
+            rewrite=rewrite,
+            translate=self.llm_translate_timeout_seconds or rewrite,
+            summary=either(self.llm_summary_timeout_seconds, self.summary_timeout_ms),
+            critic=either(self.llm_critic_timeout_seconds, self.critic_timeout_ms),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LlmTimeouts:
+    """How long each call to the model may take, in seconds (see `Settings.llm_timeouts`).
+
+    A streamed answer has three: ``queue`` until the server begins its response (connecting
+    and waiting for a free slot: the response headers), ``first_token`` from then until the
+    first word, ``answer`` from the request until the last word. The others each bound one
+    whole call: ``rewrite`` (a follow-up made self-contained), ``translate`` (the question in
+    the knowledge's language), ``summary`` (a conversation's summary and topic), ``critic``.
+    """
+
+    queue: float
+    first_token: float
+    answer: float
+    rewrite: float
+    translate: float
+    summary: float
+    critic: float
 
 
 def env_name(field: str) -> str:

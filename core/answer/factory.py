@@ -27,6 +27,10 @@ from core.store.page_catalog import PageCatalog
 from core.store.piece_vectors import PieceVectors
 
 
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
 def build_pipeline(
     settings: Settings,
     pool: asyncpg.Pool,
@@ -41,11 +45,12 @@ def build_pipeline(
 ) -> AnswerPipeline:
     """``limits``: the process's per-agent model limits, shared by every pipeline it builds
     (each gets its own without)."""
+    timeouts = settings.llm_timeouts
     config = config or PipelineConfig(
         rewrite_model=settings.rewrite_model,
-        rewrite_timeout_ms=settings.rewrite_timeout_ms,
+        rewrite_timeout_ms=_ms(timeouts.rewrite),
         critic_model=settings.critic_model,
-        critic_timeout_ms=settings.critic_timeout_ms,
+        critic_timeout_ms=_ms(timeouts.critic),
     )
     retriever = build_retriever(settings, pool, embedder, cache, session)
     return AnswerPipeline(
@@ -57,7 +62,7 @@ def build_pipeline(
         embedder=embedder,
         chat=chat,
         rewriter=QueryRewriter(
-            chat, cache, model=settings.rewrite_model, timeout_ms=settings.rewrite_timeout_ms
+            chat, cache, model=settings.rewrite_model, timeout_ms=_ms(timeouts.rewrite)
         ),
         config=config,
         clock=clock,

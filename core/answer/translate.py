@@ -141,8 +141,9 @@ def _ms(since: float) -> float:
 def build_translator(
     settings: Settings, chat: ChatModel | None, cache: Cache, retriever: Retriever
 ) -> QueryTranslator | None:
-    """The translator ``PARLEY_TRANSLATE_MODEL`` asks for, within the rewrite's time budget;
-    None when it is unset or there is no chat model."""
+    """The translator ``PARLEY_TRANSLATE_MODEL`` asks for, within its time budget
+    (``PARLEY_LLM_TRANSLATE_TIMEOUT_SECONDS``, else the rewrite's); None when it is unset or
+    there is no chat model."""
     if chat is None or not settings.translate_model:
         return None
     return QueryTranslator(
@@ -150,5 +151,5 @@ def build_translator(
         cache,
         retriever,
         model=settings.translate_model,
-        timeout_ms=settings.rewrite_timeout_ms,
+        timeout_ms=round(settings.llm_timeouts.translate * 1000),
     )

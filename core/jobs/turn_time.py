@@ -6,12 +6,12 @@ the WhatsApp and Telegram turns they hold. A turn's parts, each bounded on its o
 
 - a voice note: its download (``media_timeout_seconds``) and transcription
   (`core.transcribe.DEFAULT_TIMEOUT`), when a transcription model is configured;
-- the short reply that rewrites a follow-up and translates the question
-  (``rewrite_timeout_ms``);
+- the short replies that rewrite a follow-up and translate the question
+  (``llm_timeouts.rewrite``, and ``llm_timeouts.translate`` with a translation model);
 - up to `core.answer.gates.MAX_DRAFTS` drafts of the answer, each the model's whole reply
-  (`core.llm.openai_chat.DEFAULT_TOTAL_TIMEOUT`; an exploration stops sooner,
-  `core.answer.explore.session.MAX_SECONDS`) and the critic's verdict on it
-  (``critic_timeout_ms``, with a critic model);
+  (``llm_timeouts.answer``, its queue and first token included; an exploration stops
+  sooner, `core.answer.explore.session.MAX_SECONDS`) and the critic's verdict on it
+  (``llm_timeouts.critic``, with a critic model);
 - the turn's own work: embedding, searching, quoting, saving (`OWN_WORK`).
 
 Not bounded: a wait for the agent's model limits (``llm_concurrency``,
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from core.answer.explore.session import MAX_SECONDS as EXPLORATION_SECONDS
 from core.answer.gates import MAX_DRAFTS
-from core.llm.openai_chat import DEFAULT_TOTAL_TIMEOUT
 from core.settings import Settings
 from core.transcribe import DEFAULT_TIMEOUT as TRANSCRIPTION_SECONDS
 
@@ -40,8 +39,11 @@ def longest_turn(settings: Settings, *, voice: bool = True) -> float:
         return seconds  # extractive answers: no model to wait for
     if voice and settings.transcribe_model:
         seconds += settings.media_timeout_seconds + TRANSCRIPTION_SECONDS
-    seconds += settings.rewrite_timeout_ms / 1000
-    draft = max(DEFAULT_TOTAL_TIMEOUT, EXPLORATION_SECONDS)
+    timeouts = settings.llm_timeouts
+    seconds += timeouts.rewrite
+    if settings.translate_model:
+        seconds += timeouts.translate
+    draft = max(timeouts.answer, EXPLORATION_SECONDS)
     if settings.critic_model:
-        draft += settings.critic_timeout_ms / 1000
+        draft += timeouts.critic
     return seconds + MAX_DRAFTS * draft

@@ -46,6 +46,8 @@ T = TypeVar("T")
 # believed: a server restarted with tools switched on is found within this many seconds.
 TOOL_SUPPORT_SECONDS = 600.0
 
+# The settings' defaults (PARLEY_LLM_QUEUE_TIMEOUT_SECONDS, ..._FIRST_TOKEN_..., ..._ANSWER_...).
+DEFAULT_QUEUE_TIMEOUT = 20.0
 DEFAULT_FIRST_TOKEN_TIMEOUT = 20.0
 DEFAULT_TOTAL_TIMEOUT = 90.0
 
@@ -122,8 +124,11 @@ class OpenAIChatModel:
     """Streams replies from an OpenAI-compatible API; every failure is `ModelFailed`, which
     says whether trying again later may work.
 
-    ``first_token_timeout`` bounds the wait for the first piece of text (connecting and
-    one quick retry of a transient failure included), ``total_timeout`` the whole reply.
+    A streamed reply has three deadlines: ``queue_timeout`` until the server begins its
+    response (connecting, a server queueing the request for a free slot, one quick retry of
+    a transient failure), ``first_token_timeout`` from that moment until the first piece of
+    text, so that time spent waiting in a queue is not held against the model's reading of
+    the prompt, and ``total_timeout`` from the request until the whole reply is in.
     A consumer that stops early must ``aclose()`` the stream so the HTTP response closes.
     """
 
@@ -137,10 +142,12 @@ class OpenAIChatModel:
         base_url: str | None = None,
         first_token_timeout: float = DEFAULT_FIRST_TOKEN_TIMEOUT,
         total_timeout: float = DEFAULT_TOTAL_TIMEOUT,
+        queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
         attempts: int = 2,
         backoff: float = 0.25,
     ) -> None:
         self._model = model
+        self._queue_timeout = queue_timeout
         self._first_token_timeout = first_token_timeout
         self._total_timeout = total_timeout
         self._attempts = attempts
@@ -166,6 +173,17 @@ class OpenAIChatModel:
             with attempt:
                 return await call()
         raise AssertionError("unreachable: tenacity reraises the last error")
+
+    def _timed_out(self, model: str, limit: str, what: str, seconds: float) -> ModelFailed:
+        """A streamed reply past one of its deadlines, named with its limit (transient: a
+        busy server may well answer a later try)."""
+        log.warning(
+            "llm.stream.failed model=%s reason=timeout limit=%s transient=True", model, limit
+        )
+        return ModelFailed(
+            f"language model failed: timeout: {what} within {seconds:g} s ({limit} limit)",
+            transient=True,
+        )
 
     def _failed(self, what: str, model: str, exc: BaseException) -> ModelFailed:
         reason, transient = failure_reason(exc), is_transient(exc)
@@ -222,9 +240,9 @@ class OpenAIChatModel:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self._total_timeout
-        first_deadline = min(deadline, started + self._first_token_timeout)
+        queue_deadline = min(deadline, started + self._queue_timeout)
         try:
-            async with asyncio.timeout_at(first_deadline):
+            async with asyncio.timeout_at(queue_deadline):
                 # The chunks are read as plain JSON: the client's typed chunk objects cost
                 # the event loop about 150 us per token, which with 50 answers streaming at
                 # once was a third of a core spent on objects read for one string. The
@@ -252,8 +270,18 @@ class OpenAIChatModel:
                         )
                     ),
                 )
+        except TimeoutError as exc:
+            if loop.time() >= deadline:
+                raise self._timed_out(name, "total", "no reply", self._total_timeout) from exc
+            raise self._timed_out(
+                name, "queue", "the server did not begin its response", self._queue_timeout
+            ) from exc
         except FAILURES as exc:
             raise self._failed("stream", name, exc) from exc
+        # The response has begun: the server is at work on this request now, whatever it
+        # was waiting for before, so the first token's time counts from here.
+        begun = loop.time()
+        first_deadline = min(deadline, begun + self._first_token_timeout)
         usage: Usage | None = None
         seen_text = False
         # Leaving this block in any way (end, error, cancellation, aclose) closes the
@@ -266,6 +294,17 @@ class OpenAIChatModel:
                     text, finish, counted = _piece(chunk)
                 except StopAsyncIteration:
                     break
+                except TimeoutError as exc:
+                    if seen_text or loop.time() >= deadline:
+                        raise self._timed_out(
+                            name, "total", "the reply was not finished", self._total_timeout
+                        ) from exc
+                    raise self._timed_out(
+                        name,
+                        "first_token",
+                        "no text after the response began",
+                        self._first_token_timeout,
+                    ) from exc
                 except FAILURES as exc:
                     raise self._failed("stream", name, exc) from exc
                 except asyncio.CancelledError:
@@ -394,7 +433,15 @@ def open_chat_model(settings: Settings) -> ChatModel | None:
     if endpoint is None:
         return None
     log.info("llm.configured model=%s host=%s", settings.llm_model, endpoint.host)
-    return OpenAIChatModel(settings.llm_model, api_key=endpoint.api_key, base_url=endpoint.base_url)
+    timeouts = settings.llm_timeouts
+    return OpenAIChatModel(
+        settings.llm_model,
+        api_key=endpoint.api_key,
+        base_url=endpoint.base_url,
+        queue_timeout=timeouts.queue,
+        first_token_timeout=timeouts.first_token,
+        total_timeout=timeouts.answer,
+    )
 
 
 async def close_chat_model(model: ChatModel | None) -> None:

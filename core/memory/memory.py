@@ -357,7 +357,7 @@ def build_memory(
     summarizer = Summarizer(
         chat,
         model=settings.summary_model or settings.rewrite_model,
-        timeout_ms=settings.summary_timeout_ms,
+        timeout_ms=round(settings.llm_timeouts.summary * 1000),
     )
     return ConversationMemory(MemoryStore(pool), cache, summarizer)
 

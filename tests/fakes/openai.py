@@ -201,6 +201,9 @@ class FakeOpenAI:
     tools_supported: bool = True
     # A reasoning model's thinking, streamed before its answer; None: it writes none.
     reasoning: str | None = None
+    # Seconds a streamed chat reply's response headers are held back: a server that queues
+    # the request until a slot is free (llama.cpp with all slots busy) before it begins.
+    headers_delay: float = 0.0
 
     def app(self) -> web.Application:
         # Room for OpenAI's own upload limit, so the fake answers 413 where OpenAI would.
@@ -529,6 +532,9 @@ class FakeOpenAI:
         self, request: web.Request, body: dict[str, Any], reply: str
     ) -> web.StreamResponse:
         self.streams_started += 1
+        if self.headers_delay and not await self._wait(request, self.headers_delay):
+            self._gone(body)
+            return web.Response(status=499)  # nobody is listening any more
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )

@@ -146,6 +146,7 @@ async def outage(
         "gpt-test",
         api_key="sk-test",
         base_url=f"http://127.0.0.1:{port}/v1",
+        queue_timeout=0.5,
         first_token_timeout=0.5,
         total_timeout=5.0,
         backoff=0.01,

@@ -135,7 +135,7 @@ async def test_a_slow_first_token_times_out_and_the_request_is_dropped(served: S
 
 async def test_a_server_that_never_answers_times_out(served: Served) -> None:
     served.fake.hang = True
-    model = served.model(first_token_timeout=0.3)
+    model = served.model(queue_timeout=0.3)
     with pytest.raises(Unavailable, match="timeout"):
         await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
     with pytest.raises(Unavailable, match="timeout"):
@@ -324,4 +324,88 @@ async def test_open_chat_model_follows_the_settings(served: Served) -> None:
     served.fake.replies["local-llama"] = ["Hallo!"]
     assert await model.complete(MESSAGES, max_tokens=10, temperature=0) == "Hallo!"
     assert served.fake.requests[-1]["auth"] == f"Bearer {KEY}"
+    await close_chat_model(model)
+
+
+# -- the three deadlines of a streamed reply: queue, first token, whole answer -------------------
+
+
+async def test_a_server_that_queues_the_request_past_the_first_token_limit_still_answers(
+    served: Served,
+) -> None:
+    """llama.cpp with every slot busy holds the response back until one is free: that wait
+    counts against the queue limit, and the first token's time starts when the response
+    does."""
+    served.fake.headers_delay = 0.8
+    served.fake.first_token_delay = 0.3
+    served.fake.replies["gpt-4o-mini"] = ["Two to three working days."]
+    model = served.model(queue_timeout=3.0, first_token_timeout=0.5, total_timeout=5.0)
+    chunks = await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    await model.close()
+    assert "".join(c.text for c in chunks) == "Two to three working days."
+    assert served.fake.streams_completed == 1
+
+
+async def test_a_server_that_queues_past_the_queue_limit_fails_transiently_saying_so(
+    served: Served,
+) -> None:
+    served.fake.headers_delay = 5.0
+    model = served.model(queue_timeout=0.4, first_token_timeout=3.0, total_timeout=5.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ModelFailed) as failed:
+        await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    assert loop.time() - started < 1.5
+    await asyncio.wait_for(served.fake.disconnected.wait(), 2)
+    await model.close()
+    assert failed.value.transient
+    assert failed.value.message == (
+        "language model failed: timeout: the server did not begin its response within 0.4 s "
+        "(queue limit)"
+    )
+    assert served.fake.streams_completed == 0
+
+
+async def test_a_response_without_text_within_the_first_token_limit_fails_saying_so(
+    served: Served,
+) -> None:
+    """The headers come after a short queue, then nothing: the first token's limit runs
+    from the response's start, not from the request."""
+    served.fake.headers_delay = 0.3
+    served.fake.first_token_delay = 5.0
+    model = served.model(queue_timeout=2.0, first_token_timeout=0.5, total_timeout=5.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ModelFailed) as failed:
+        await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    assert 0.75 <= loop.time() - started < 2.0  # 0.3 s queued, then 0.5 s for the first word
+    await model.close()
+    assert failed.value.transient
+    assert failed.value.message == (
+        "language model failed: timeout: no text after the response began within 0.5 s "
+        "(first_token limit)"
+    )
+
+
+async def test_the_timeouts_are_read_from_the_environment(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PARLEY_LLM_*_TIMEOUT_SECONDS reach the chat model the composition root opens: with
+    the defaults (20 s for the first token) a queue of 0.8 s would be fine too, so the first
+    token is made to take longer than the configured limit after a queue within its own."""
+    monkeypatch.setenv("PARLEY_LLM_BASE_URL", served.url)
+    monkeypatch.setenv("PARLEY_LLM_API_KEY", KEY)
+    monkeypatch.setenv("PARLEY_LLM_QUEUE_TIMEOUT_SECONDS", "2")
+    monkeypatch.setenv("PARLEY_LLM_FIRST_TOKEN_TIMEOUT_SECONDS", "0.4")
+    monkeypatch.setenv("PARLEY_LLM_ANSWER_TIMEOUT_SECONDS", "3")
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    model = open_chat_model(settings)
+    assert model is not None
+    served.fake.headers_delay = 0.8
+    served.fake.first_token_delay = 0.2
+    chunks = await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    assert "".join(c.text for c in chunks) == served.fake.default_reply
+    served.fake.first_token_delay = 1.0
+    with pytest.raises(ModelFailed, match=r"within 0\.4 s \(first_token limit\)"):
+        await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
     await close_chat_model(model)

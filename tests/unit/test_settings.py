@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
-from core.settings import Settings, load_settings
+from core.settings import LlmTimeouts, Settings, load_settings
 
 _OURS = ("PARLEY_", "TWILIO_", "TELEGRAM_", "OPENAI_")
 
@@ -64,6 +64,40 @@ def test_messaging_retries_and_the_holding_message(monkeypatch: pytest.MonkeyPat
     assert changed.inbox_stuck_after == 30.0
 
 
+def test_the_model_timeouts_default_for_hosted_models_and_are_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().llm_timeouts == LlmTimeouts(
+        queue=20.0, first_token=20.0, answer=90.0, rewrite=1.5, translate=1.5, summary=8.0,
+        critic=8.0,
+    )  # fmt: skip
+    # What the README recommends for a CPU server with a few slots.
+    for name, value in {
+        "QUEUE": "300", "FIRST_TOKEN": "120", "ANSWER": "600", "REWRITE": "30",
+        "TRANSLATE": "45", "SUMMARY": "120", "CRITIC": "180",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(f"PARLEY_LLM_{name}_TIMEOUT_SECONDS", value)
+    assert load_settings().llm_timeouts == LlmTimeouts(
+        queue=300.0, first_token=120.0, answer=600.0, rewrite=30.0, translate=45.0,
+        summary=120.0, critic=180.0,
+    )  # fmt: skip
+
+
+def test_the_older_timeout_names_still_count_unless_the_new_ones_are_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PARLEY_REWRITE_TIMEOUT_MS", "2500")
+    monkeypatch.setenv("PARLEY_SUMMARY_TIMEOUT_MS", "20000")
+    monkeypatch.setenv("PARLEY_CRITIC_TIMEOUT_MS", "12000")
+    timeouts = load_settings().llm_timeouts
+    # The translation keeps following the rewrite, as it did.
+    assert (timeouts.rewrite, timeouts.translate) == (2.5, 2.5)
+    assert (timeouts.summary, timeouts.critic) == (20.0, 12.0)
+    monkeypatch.setenv("PARLEY_LLM_SUMMARY_TIMEOUT_SECONDS", "90")
+    assert load_settings().llm_timeouts.summary == 90.0
+    assert load_settings(rewrite_timeout_ms=300).llm_timeouts.rewrite == 0.3  # in code too
+
+
 def test_parley_key_wins_over_openai_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
     monkeypatch.setenv("PARLEY_LLM_API_KEY", "sk-parley")
@@ -102,6 +136,8 @@ def test_secrets_never_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
         ("TELEGRAM_WEBHOOK_SECRET", "x" * 257, "at most 256 characters"),
         ("TELEGRAM_WEBHOOK_SECRET", "has spaces and is long enough for it", "A-Z, a-z, 0-9"),
         ("PARLEY_REWRITE_TIMEOUT_MS", "5", "greater than or equal to 50"),
+        ("PARLEY_LLM_QUEUE_TIMEOUT_SECONDS", "0", "greater than 0"),
+        ("PARLEY_LLM_FIRST_TOKEN_TIMEOUT_SECONDS", "soon", "valid number"),
         ("PARLEY_INBOX_RETRY_HOURS", "30", "less than or equal to 20"),
         ("PARLEY_HOLDING_MESSAGE_SECONDS", "-1", "greater than or equal to 0"),
         ("PARLEY_ADMIN_TOKEN", "admin-hunter2", "at least 32 characters"),
