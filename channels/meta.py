@@ -306,6 +306,28 @@ class MetaWhatsApp(ChannelBase):
             web.post("/webhooks/meta/{agent}", hooks.webhook),
         ]
 
+    async def check_credentials(self, agent: Agent | None, settings: Settings) -> str:
+        """The sending number the agent's credentials (None: the environment's) reach, as the
+        Graph API says (`parley doctor`); `ChannelNotConfigured` or
+        `core.delivery.DeliveryError` when replies cannot be sent with them."""
+        credentials = self.credentials(agent, settings)
+        token = credentials.text("access_token")
+        number = credentials.text("phone_number_id")
+        if not token or not number:
+            missing = "access_token" if not token else "phone_number_id"
+            raise ChannelNotConfigured(f"no {missing}: replies cannot be sent")
+        sender = MetaSender(
+            token,
+            number,
+            api_base=str(settings.meta_api_base),
+            api_version=settings.meta_api_version,
+            timeout=settings.meta_send_timeout_seconds,
+        )
+        try:
+            return await sender.check()
+        finally:
+            await sender.close()
+
     def sender_spec(self, agent: Agent, settings: Settings) -> SenderSpec | None:
         try:
             credentials = self.credentials(agent, settings)

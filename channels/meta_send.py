@@ -187,6 +187,28 @@ class MetaSender:
             body["typing_indicator"] = {"type": "text"}
         await self._post(body, timeout=min(TYPING_TIMEOUT, self._timeout))
 
+    async def check(self) -> str:
+        """The sending number as the Graph API knows it (its display number and verified
+        name), read with the access token: `parley doctor` asks. Refusals and silences are
+        `DeliveryError`s."""
+        await self.start()
+        assert self._http is not None
+        url = f"{self._api_base}/{self._api_version}/{self._phone_number_id}"
+        try:
+            async with self._http.get(
+                url,
+                params={"fields": "display_phone_number,verified_name"},
+                headers={"Authorization": f"Bearer {self._token}"},
+            ) as response:
+                answer = await _json(response)
+                if response.status >= 400:
+                    raise self._refused(response, answer)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _unanswered(exc, self._timeout, sent=False) from None
+        number = answer.get("display_phone_number") or self._phone_number_id
+        name = answer.get("verified_name")
+        return f"number {number}" + (f" ({name})" if name else "")
+
     async def keep_typing(
         self, recipient: str, message_id: str | None, until: asyncio.Event
     ) -> None:

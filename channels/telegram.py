@@ -290,6 +290,27 @@ class TelegramBot(ChannelBase):
             return token.get_secret_value() or None if token is not None else None
         return self.credentials(agent, settings).text("bot_token")
 
+    async def check_credentials(self, agent: Agent | None, settings: Settings) -> str:
+        """The bot the agent's token (None: the environment's) belongs to, by getMe
+        (`parley doctor`); `ChannelNotConfigured` or `core.delivery.DeliveryError` when
+        replies cannot be sent with it."""
+        if agent is None:
+            secret = settings.telegram_bot_token
+            token = secret.get_secret_value() or None if secret is not None else None
+        else:
+            token = self.bot_token(agent, settings)
+        if token is None:
+            raise ChannelNotConfigured("no bot_token: replies cannot be sent")
+        sender = TelegramSender(
+            token,
+            api_base=str(settings.telegram_api_base),
+            timeout=settings.telegram_send_timeout_seconds,
+        )
+        try:
+            return await sender.check()
+        finally:
+            await sender.close()
+
     def sender_spec(self, agent: Agent, settings: Settings) -> SenderSpec | None:
         try:
             token = self.bot_token(agent, settings)

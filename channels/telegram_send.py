@@ -143,6 +143,13 @@ class TelegramSender:
         bot = await self.start()
         return await self._send_part(bot, recipient, text)
 
+    async def check(self) -> str:
+        """Which bot the token belongs to (getMe): `parley doctor` asks. A refused token or
+        a Bot API that does not answer is a `DeliveryError`."""
+        bot = await self.start()
+        me = await self._checked(bot.get_me())
+        return f"bot @{me.username}"
+
     async def send_choices(
         self, recipient: str | int, text: str, choices: Sequence[Choice]
     ) -> Sent:

@@ -217,6 +217,28 @@ class TwilioWhatsApp(ChannelBase):
             ),
         )
 
+    async def check_credentials(self, agent: Agent | None, settings: Settings) -> str:
+        """The account the agent's credentials (None: the environment's) belong to, as
+        Twilio says (`parley doctor`); `ChannelNotConfigured` or `core.delivery.DeliveryError`
+        when replies cannot be sent with them."""
+        credentials = self.credentials(agent, settings)
+        sid, token = credentials.text("account_sid"), credentials.text("auth_token")
+        sender_from = credentials.text("whatsapp_from")
+        if not sid or not token or not sender_from:
+            missing = "account_sid" if not sid else "auth_token" if not token else "whatsapp_from"
+            raise ChannelNotConfigured(f"no {missing}: replies cannot be sent")
+        sender = TwilioSender(
+            sid,
+            token,
+            sender_from,
+            api_base=str(settings.twilio_api_base),
+            timeout=settings.twilio_send_timeout_seconds,
+        )
+        try:
+            return await sender.check()
+        finally:
+            await sender.close()
+
     async def fetch_media(
         self, http: aiohttp.ClientSession, agent: Agent, settings: Settings, ref: str
     ) -> tuple[bytes, str]:

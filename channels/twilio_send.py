@@ -239,6 +239,25 @@ class TwilioSender:
         log.debug("twilio.lookup.done", extra={"read": len(messages), "found": len(found)})
         return [Sent(str(m.sid), status=None if m.status is None else str(m.status)) for m in found]
 
+    async def check(self) -> str:
+        """Who the credentials belong to, as Twilio says (the account's name and status):
+        `parley doctor` asks. Refusals and silences are `DeliveryError`s."""
+        await self.start()
+        try:
+            async with asyncio.timeout(self._timeout):
+                account = await self._client.api.v2010.accounts(self._account_sid).fetch_async()
+        except TwilioRestException as exc:
+            raise DeliveryError(
+                f"Twilio answered {exc.status}: {exc.msg}", code=f"http_{exc.status}"
+            ) from exc
+        except TwilioException as exc:
+            raise DeliveryError(f"Twilio refused the look-up: {type(exc).__name__}") from exc
+        except TimeoutError as exc:
+            raise DeliveryError(f"no answer from Twilio within {self._timeout:g} s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise DeliveryError(f"cannot reach Twilio: {type(exc).__name__}") from exc
+        return f"account {account.friendly_name!r} ({account.status})"
+
     async def _create(self, recipient: str, **content: str) -> Sent:
         """One message to ``recipient``: ``body``, or ``content_sid`` with its
         ``content_variables``; Twilio's refusals and silences as `DeliveryError`s."""

@@ -18,6 +18,7 @@ from channels.web_events import WidgetEvents
 from core.answer.question import load_language_models
 from core.handoff import ConversationFeed, Handoff
 from core.jobs.turn_time import longest_turn
+from core.llm.probe import ModelWatch, open_model_server
 from core.settings import Settings
 from core.store.api_keys import ApiKeys
 from core.store.feedback import Feedback
@@ -39,6 +40,7 @@ from gateway.keys import (
     HTTP,
     KNOWLEDGE_API,
     METRICS,
+    MODEL_WATCH,
     RUNTIME,
     SERVICE_TASKS,
     SETTINGS,
@@ -96,6 +98,21 @@ async def _runtime(app: web.Application) -> AsyncIterator[None]:
             runtime.cache,
         )
         yield
+
+
+async def _model_watch(app: web.Application) -> AsyncIterator[None]:
+    """Whether the answer model is there: checked at once in the background, so a slow or
+    absent model server never holds the start up; a failure is logged naming the model and
+    its host, and /readyz shows it."""
+    settings = app[SETTINGS]
+    server = open_model_server(settings)
+    if server is None:
+        yield
+        return
+    watch = app[MODEL_WATCH] = ModelWatch(server, settings.llm_model)
+    watch.start()
+    yield
+    await watch.close()
 
 
 async def _handoff(app: web.Application) -> AsyncIterator[None]:
@@ -188,7 +205,7 @@ def create_app(
     context = app[CHANNEL_CONTEXT] = ChannelContext(
         settings, client=lambda request: subscriber(client_address(request))
     )
-    app.cleanup_ctx.extend([_runtime, _handoff, _channels])
+    app.cleanup_ctx.extend([_model_watch, _runtime, _handoff, _channels])
     app.on_shutdown.append(_end_streams)
     setup_admin(app)
     if background:

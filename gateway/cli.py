@@ -18,6 +18,7 @@ from gateway.commands import (
     agents,
     answers,
     customers,
+    doctor,
     inbox,
     jobs,
     knowledge,
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     inbox.register(commands)
     customers.register(commands)
     secrets.register(commands)
+    doctor.register(commands)
     return parser
 
 
@@ -109,6 +111,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return secrets.run(args, settings)
     elif args.command == "customer":
         return asyncio.run(customers.run(args, settings))
+    elif args.command == "doctor":
+        return doctor.run(args, settings)
     else:
         return asyncio.run(_with_runtime(args, settings))
     return 0

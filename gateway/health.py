@@ -7,7 +7,8 @@ import asyncio
 from aiohttp import web
 
 from core.errors import Unavailable
-from gateway.keys import CACHE, DATABASE, METRICS, SETTINGS
+from core.llm.probe import ModelStatus
+from gateway.keys import CACHE, DATABASE, METRICS, MODEL_WATCH, SETTINGS
 from gateway.metrics import check_access
 from gateway.middlewares import error_response
 
@@ -29,6 +30,13 @@ async def readyz(request: web.Request) -> web.Response:
     Redis is a cache, never a dependency of an answer: without it every request is still
     answered (caches bypassed, rate limits in-process), so a Redis that does not answer
     makes the gateway ``degraded``, still 200, lest a load balancer take every gateway out.
+
+    The model (when one is configured) is ``degraded`` too while its server does not
+    answer or does not have it: every gateway shares it, so taking this one out of traffic
+    mends nothing, and without it webhooks are still taken into the inbox (answered once
+    the model is back), curated, cached and small-talk answers still go out and staff
+    still work. Its check is at most 30 s old (1 s while it fails); one that takes longer
+    than the others' time leaves the last result (or "unknown" before the first).
     """
     cache = request.app[CACHE]
     cache_check = f"cache ({cache.kind})"
@@ -36,7 +44,14 @@ async def readyz(request: web.Request) -> web.Response:
         "database": request.app[DATABASE].ping(_CHECK_TIMEOUT),
         cache_check: asyncio.wait_for(cache.ping(), _CHECK_TIMEOUT),
     }
-    results = await asyncio.gather(*checks.values(), return_exceptions=True)
+    watch = request.app.get(MODEL_WATCH)
+
+    async def model_status() -> ModelStatus | None:
+        return await watch.status(within=_CHECK_TIMEOUT) if watch is not None else None
+
+    results, model = await asyncio.gather(
+        asyncio.gather(*checks.values(), return_exceptions=True), model_status()
+    )
     report: dict[str, str] = {}
     failed = []
     degraded = False
@@ -51,6 +66,15 @@ async def readyz(request: web.Request) -> web.Response:
         else:
             report[name] = reason
             failed.append(f"{name}: {reason}")
+    if watch is not None:
+        name = f"model ({watch.model})"
+        if model is None:
+            report[name] = "unknown: being checked"
+        elif model.ok:
+            report[name] = "ok"
+        else:
+            report[name] = f"degraded: {model.detail}; answers it writes fail meanwhile"
+            degraded = True
     if failed:
         response = error_response(503, "not_ready", "not ready: " + "; ".join(failed))
         response.headers["Cache-Control"] = "no-store"

@@ -14,6 +14,7 @@ from channels.knowledge_api import KnowledgeApi
 from channels.web import WebChannel
 from channels.web_events import WidgetEvents
 from core.handoff import ConversationFeed, Handoff
+from core.llm.probe import ModelWatch
 from core.ports import Cache, Embedder
 from core.settings import Settings
 from core.store import Database
@@ -42,3 +43,5 @@ ADMIN = web.AppKey("admin", AdminServices)
 # The background services `parley serve` runs in-process (none with --no-workers).
 SERVICE_TASKS: web.AppKey[list[asyncio.Task[None]]] = web.AppKey("service_tasks")
 CONSOLE_TEMPLATES = web.AppKey("console_templates", jinja2.Environment)
+# Whether the answer model is there (set only with a model configured): /readyz asks it.
+MODEL_WATCH = web.AppKey("model_watch", ModelWatch)

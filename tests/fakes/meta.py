@@ -1,8 +1,8 @@
 """A local WhatsApp Cloud API (Graph API): messages, media, and webhooks signed the way Meta does.
 
 Routes: ``POST /{version}/{phone_number_id}/messages`` (text, template, read + typing),
-``GET /{version}/{media_id}`` (the media's URL, type and size) and ``GET /media/{media_id}``
-(the download). Every route wants ``Authorization: Bearer <access_token>`` (401 with Meta's
+``GET /{version}/{media_id}`` (the media's URL, type and size; for the phone number id, the
+number's display number and verified name) and ``GET /media/{media_id}`` (the download). Every route wants ``Authorization: Bearer <access_token>`` (401 with Meta's
 error JSON otherwise). Failures are scripted per test: `Failure` entries in ``fail_next``
 are served one per ``/messages`` call, in order.
 
@@ -94,6 +94,8 @@ class FakeMeta:
 
     access_token: str = "EAAGfakeMetaAccessToken0123456789abcdefZZ"
     phone_number_id: str = "106540352242922"
+    display_phone_number: str = "+31 10 555 0100"
+    verified_name: str = "Noordkaap Outdoor"
     app_secret: str = "fake-meta-app-secret-6d1e0c"
     version: str = VERSION
     # Served to /messages calls, one each, in order, before calls succeed again.
@@ -206,6 +208,15 @@ class FakeMeta:
         if not self._authorized(request):
             return _error(Failure(190, 401))
         media_id = request.match_info["media_id"]
+        if media_id == self.phone_number_id and request.match_info["version"] == self.version:
+            self._record(request, None, 200)
+            return web.json_response(
+                {
+                    "display_phone_number": self.display_phone_number,
+                    "verified_name": self.verified_name,
+                    "id": self.phone_number_id,
+                }
+            )
         self._record(request, None, 200 if media_id in self.media else 400)
         if request.match_info["version"] != self.version or media_id not in self.media:
             return _error(Failure(100, 400))

@@ -118,6 +118,38 @@ def calls(*tool_calls: dict[str, Any]) -> dict[str, Any]:
     return {"content": None, "tool_calls": list(tool_calls)}
 
 
+def missing_model_body(server: Literal["ollama", "vllm"], model: str) -> dict[str, Any]:
+    """What Ollama and vLLM answer (404) at /v1 for a model they do not have: Ollama's
+    OpenAI-compatible error, and vLLM's flat error object (`{"object": "error", ...}`)."""
+    if server == "ollama":
+        return {
+            "error": {
+                "message": f'model "{model}" not found, try pulling it first',
+                "type": "not_found_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    return {
+        "object": "error",
+        "message": f"The model `{model}` does not exist.",
+        "type": "NotFoundError",
+        "param": None,
+        "code": 404,
+    }
+
+
+def _forced_tool(body: dict[str, Any]) -> str | None:
+    """The tool a request makes the model call (``tool_choice`` "required": the first one
+    offered, or the one it names), as a server that honours tool_choice does."""
+    choice, tools = body.get("tool_choice"), body.get("tools") or []
+    if isinstance(choice, dict):
+        return str((choice.get("function") or {}).get("name") or "") or None
+    if choice == "required" and tools:
+        return str(tools[0]["function"]["name"])
+    return None
+
+
 async def _ollama_not_found(request: web.Request) -> web.Response:
     """What Ollama's router (gin) answers outside its routes, e.g. `/chat/completions`
     without `/v1`."""
@@ -141,7 +173,8 @@ class FakeOpenAI:
     turns asked, which a topic written in the background must not change.
 
     A request that offers ``tools`` is answered from ``tool_replies`` (first in first out),
-    else by ``tool_responder(body)``, else like any other: each is an assistant message in
+    else by ``tool_responder(body)``, else with a call of the tool ``tool_choice`` forces
+    ("required" or a named one), else like any other: each is an assistant message in
     OpenAI's wire format, ``{"content": ..., "tool_calls": [tool_call(...), ...]}`` (see
     `calls`); `tool_results` tells what came back for each call in the requests after it.
 
@@ -204,6 +237,11 @@ class FakeOpenAI:
     # Seconds a streamed chat reply's response headers are held back: a server that queues
     # the request until a slot is free (llama.cpp with all slots busy) before it begins.
     headers_delay: float = 0.0
+    # What `GET /v1/models` lists; None: the server has no model list (404 there).
+    model_list: list[str] | None = None
+    # Set: a chat or embeddings request for a model `model_list` does not have is answered
+    # 404 with that server's error body (`missing_model_body`); None: any name is answered.
+    missing_models: Literal["ollama", "vllm"] | None = None
 
     def app(self) -> web.Application:
         # Room for OpenAI's own upload limit, so the fake answers 413 where OpenAI would.
@@ -211,6 +249,7 @@ class FakeOpenAI:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/audio/transcriptions", self._transcription)
+        app.router.add_get("/v1/models", self._models)
         if self.server == "ollama":
             # Ollama's OpenAI-compatible API is under /v1 only; elsewhere its router says 404.
             app.router.add_route("*", "/{path:.*}", _ollama_not_found)
@@ -250,9 +289,31 @@ class FakeOpenAI:
             {"path": request.path, "body": body, "auth": request.headers.get("Authorization")}
         )
 
+    def _missing(self, model: object) -> web.Response | None:
+        """The 404 for a model this server does not have (`missing_models`), else None."""
+        if self.missing_models is None:
+            return None
+        listed = self.model_list or []
+        # Ollama takes a name without its tag as the ``latest`` one.
+        if model in listed or f"{model}:latest" in listed:
+            return None
+        return web.json_response(missing_model_body(self.missing_models, str(model)), status=404)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._record(request, {})
+        if self.model_list is None:
+            return web.json_response({"error": "404 page not found"}, status=404)
+        data = [
+            {"id": name, "object": "model", "created": 1_700_000_000, "owned_by": "library"}
+            for name in self.model_list
+        ]
+        return web.json_response({"object": "list", "data": data})
+
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
         self._record(request, body)
+        if (missing := self._missing(body.get("model"))) is not None:
+            return missing
         if self.failures:
             return _error(self.failures.pop(0), "try again")
         inputs = body["input"]
@@ -325,6 +386,9 @@ class FakeOpenAI:
                 return self.tool_replies.pop(0)
             if self.tool_responder is not None:
                 return self.tool_responder(body)
+            forced = _forced_tool(body)
+            if forced is not None:
+                return calls(tool_call(forced, {}))
         queue = self.replies.get(body.get("model", ""))
         if queue:
             return queue.pop(0)
@@ -469,6 +533,8 @@ class FakeOpenAI:
                 self.chats_in_flight -= 1
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if (missing := self._missing(body.get("model"))) is not None:
+            return missing
         if self.chat_failures:
             return _error(self.chat_failures.pop(0), self.error_message)
         if self.chat_down_with is not None:

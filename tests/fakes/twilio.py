@@ -1,6 +1,7 @@
 """A local Twilio Messages API, scriptable: `POST /2010-04-01/Accounts/{Sid}/Messages.json`
 sends (a ``Body``, or an approved template: ``ContentSid`` with ``ContentVariables``), `GET` on
-the same path lists (filtered by To, From and DateSent, newest first, paged)."""
+the same path lists (filtered by To, From and DateSent, newest first, paged);
+`GET /2010-04-01/Accounts/{Sid}.json` answers the account (its name and status)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ class FakeTwilio:
 
     account_sid: str = "AC" + "0" * 32
     auth_token: str = "fake-twilio-auth-token-5f2c"
+    friendly_name: str = "Parley test account"
     fail_next: list[Failure | tuple[Any, ...]] = field(default_factory=list)
     succeed_first: int = 0  # messages to accept before `fail_next` is served
     hang: bool = False  # requests are never answered (until the client gives up)
@@ -101,6 +103,7 @@ class FakeTwilio:
         app = web.Application()
         app.router.add_post("/2010-04-01/Accounts/{sid}/Messages.json", self._create)
         app.router.add_get("/2010-04-01/Accounts/{sid}/Messages.json", self._list)
+        app.router.add_get("/2010-04-01/Accounts/{sid}.json", self._account)
         return app
 
     @property
@@ -129,6 +132,22 @@ class FakeTwilio:
         if request.match_info["sid"] != self.account_sid:
             return _error(404, 20404)
         return None
+
+    async def _account(self, request: web.Request) -> web.Response:
+        """The account resource, as Twilio answers a fetch of it with its credentials."""
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        return web.json_response(
+            {
+                "sid": self.account_sid,
+                "friendly_name": self.friendly_name,
+                "status": "active",
+                "type": "Full",
+                "date_created": email.utils.format_datetime(datetime(2024, 1, 1, tzinfo=UTC)),
+                "uri": f"/2010-04-01/Accounts/{self.account_sid}.json",
+            }
+        )
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         form = {k: str(v) for k, v in (await request.post()).items()}
