@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from core.errors import ToolsUnsupported
+from core.errors import ModelFailed, ToolsUnsupported
 from core.llm.openai_chat import OpenAIChatModel
 from core.ports import ChatChunk, ChatMessage, Tool, Usage
 from tests.fakes.openai import FakeOpenAI, calls, tool_call
@@ -101,6 +101,35 @@ async def test_a_strict_server_is_asked_again_without_stream_options(serve: Any)
         assert all(c.usage is None for c in chunks)
     # Refused once, by name; asked again without it, and never sent again for this model.
     assert ["stream_options" in body for body in served.fake.chat_requests] == [True, False, False]
+
+
+async def test_ollama_without_the_model_fails_for_good_naming_it(serve: Any) -> None:
+    served: Served = await serve(
+        FakeOpenAI(server="ollama", missing_models="ollama", model_list=["llama3.2:latest"])
+    )
+    model = served.model("qwen3:8b")
+    with pytest.raises(ModelFailed) as streamed:
+        await _collect(model.stream(MESSAGES, max_tokens=100, temperature=0))
+    with pytest.raises(ModelFailed) as completed:
+        await model.complete(MESSAGES, max_tokens=100, temperature=0)
+    await model.close()
+    for error in (streamed.value, completed.value):
+        assert (
+            error.message == "language model failed: status 404, the server has no model 'qwen3:8b'"
+        )
+        assert error.transient is False
+    assert len(served.fake.chat_requests) == 2  # neither tried again
+
+    # A model it has answers; an address without Ollama's /v1 is a 404 for good, too.
+    found = served.model("llama3.2")
+    assert await found.complete(MESSAGES, max_tokens=100, temperature=0)
+    await found.close()
+    unprefixed = OpenAIChatModel("llama3.2", api_key="unused", base_url=served.root)
+    with pytest.raises(ModelFailed) as wrong_address:
+        await unprefixed.complete(MESSAGES, max_tokens=100, temperature=0)
+    await unprefixed.close()
+    assert wrong_address.value.message == "language model failed: status 404"
+    assert wrong_address.value.transient is False
 
 
 @pytest.mark.parametrize(
