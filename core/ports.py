@@ -137,10 +137,12 @@ class ChatReply:
 
 @dataclass(frozen=True, slots=True)
 class ChatChunk:
-    """A piece of a streamed reply: text, or (last) the token usage."""
+    """A piece of a streamed reply: text, or (last) the token usage and how long the model
+    thought before and while it wrote (reasoning models; None for others)."""
 
     text: str = ""
     usage: Usage | None = None
+    thought_seconds: float | None = None
 
 
 class ChatModel(Protocol):

@@ -428,7 +428,12 @@ class AnswerPipeline:
                 request, agent, question, sources, match, trace, said
             )
             processed = postprocess(generated.text, len(sources), [s.text for s in sources])
-            broken = _broken(generated, processed.text)
+            # What failed validation as written may be mended by post-processing (a citation
+            # out of range dropped, a copied tag removed): only what is still wrong withdraws.
+            mended = generated.passed or not await self._gates.check(
+                processed.text, sources, agent, said=request.text
+            )
+            broken = _broken(generated, processed.text, mended)
             if broken is not None:
                 # Nothing broken reaches the visitor: the sources' confident quote, else the
                 # deferral, in its place; what the model wrote stays in the trace for staff.
@@ -996,9 +1001,10 @@ class AnswerPipeline:
 
         try:
             async for chunk in stream:
+                if chunk.thought_seconds is not None:
+                    trace.data["thinking_seconds"] = chunk.thought_seconds
                 if chunk.usage is not None:
                     usage = chunk.usage
-                    continue
                 if not chunk.text:
                     continue
                 pieces += 1
@@ -1048,9 +1054,9 @@ def _estimated_usage(messages: Sequence[ChatMessage], pieces: int) -> Usage:
     return Usage(prompt_tokens=max(1, sent // _CHARS_PER_TOKEN), completion_tokens=pieces)
 
 
-def _broken(generated: _Generated, processed: str) -> str | None:
-    """Why a model's answer may not stand as written (None: it may): it recites the prompt,
-    holds no words, is nothing but markup once post-processed, or failed validation."""
+def _broken(generated: _Generated, processed: str, valid: bool) -> str | None:
+    """Why a model's answer may not stand (None: it may): it recites the prompt, holds no
+    words, is nothing but markup once post-processed, or is not ``valid`` even then."""
     if generated.mode not in WRITTEN or generated.replaced:
         return None
     if generated.leaked:
@@ -1059,7 +1065,7 @@ def _broken(generated: _Generated, processed: str) -> str | None:
         return "empty"
     if not _has_words(processed):
         return "markup"
-    if not generated.passed:
+    if not valid:
         return "validation"
     return None
 

@@ -35,6 +35,7 @@ from core.llm.openai_client import (
     refuses_field,
     refuses_tools,
 )
+from core.llm.reasoning import Thoughts, without_thoughts
 from core.ports import ChatChunk, ChatMessage, ChatModel, ChatReply, Tool, ToolCall, Usage
 from core.settings import Settings
 
@@ -98,9 +99,10 @@ def _wire_tool(tool: Tool) -> ChatCompletionToolParam:
     }
 
 
-def _piece(chunk: object) -> tuple[str, str | None, Usage | None]:
-    """(text, finish reason, usage) of one streamed chunk, read as the JSON it is; a chunk
-    of another shape is a ValueError (a malformed reply)."""
+def _piece(chunk: object) -> tuple[str, str | None, Usage | None, bool]:
+    """(text, finish reason, usage, whether it carries thinking) of one streamed chunk, read
+    as the JSON it is; a chunk of another shape is a ValueError (a malformed reply). Thinking
+    sent apart (`reasoning_content`, or `reasoning`) is never text."""
     unknown = ValueError("the model streamed a chunk of an unknown shape")
     if not isinstance(chunk, dict):
         raise unknown
@@ -111,13 +113,15 @@ def _piece(chunk: object) -> tuple[str, str | None, Usage | None]:
         )
         choices = chunk.get("choices")
         first = choices[0] if choices else {}
-        text = (first.get("delta") or {}).get("content") or ""
+        delta = first.get("delta") or {}
+        text = delta.get("content") or ""
+        thinking = bool(delta.get("reasoning_content") or delta.get("reasoning"))
         finish = first.get("finish_reason")
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
         raise unknown from None
     if not isinstance(text, str) or not isinstance(finish, str | None):
         raise unknown
-    return text, finish, counted
+    return text, finish, counted, thinking
 
 
 class OpenAIChatModel:
@@ -283,6 +287,9 @@ class OpenAIChatModel:
         begun = loop.time()
         first_deadline = min(deadline, begun + self._first_token_timeout)
         usage: Usage | None = None
+        # A reasoning model's thinking (in `reasoning_content` or in <think> blocks) never
+        # leaves as text; it shows the model at work, so the first token's deadline is met.
+        thoughts = Thoughts()
         seen_text = False
         # Leaving this block in any way (end, error, cancellation, aclose) closes the
         # HTTP response, so an abandoned reply stops costing tokens at once.
@@ -291,7 +298,7 @@ class OpenAIChatModel:
                 try:
                     async with asyncio.timeout_at(deadline if seen_text else first_deadline):
                         chunk = await anext(response)
-                    text, finish, counted = _piece(chunk)
+                    text, finish, counted, thinking = _piece(chunk)
                 except StopAsyncIteration:
                     break
                 except TimeoutError as exc:
@@ -311,14 +318,22 @@ class OpenAIChatModel:
                     log.info("llm.stream.cancelled model=%s", name)
                     raise
                 usage = counted or usage
+                if thinking:
+                    thoughts.thought()
+                    seen_text = True
                 if text:
                     seen_text = True
-                    yield ChatChunk(text=text)
+                    visible = thoughts.feed(text)
+                    if visible:
+                        yield ChatChunk(text=visible)
                 if finish not in (None, "stop"):
                     log.info("llm.stream.cut model=%s reason=%s", name, finish)
+        rest = thoughts.end()
+        if rest:
+            yield ChatChunk(text=rest)
         log.debug("llm.stream.done model=%s seconds=%.2f", name, loop.time() - started)
-        if usage is not None:
-            yield ChatChunk(usage=usage)
+        if usage is not None or thoughts.seconds is not None:
+            yield ChatChunk(usage=usage, thought_seconds=thoughts.seconds)
 
     async def _create(
         self,
@@ -364,7 +379,7 @@ class OpenAIChatModel:
             max_tokens=max_tokens,
             temperature=temperature,
         )
-        return completion.choices[0].message.content or ""
+        return without_thoughts(completion.choices[0].message.content or "")
 
     async def respond(
         self,
@@ -418,7 +433,7 @@ class OpenAIChatModel:
             self._remember_tools(name, True)
         usage = completion.usage
         return ChatReply(
-            message.content or "",
+            without_thoughts(message.content or ""),
             calls,
             Usage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,
         )

@@ -180,24 +180,24 @@ async def test_an_answer_steered_by_what_a_visitor_sent_is_never_served_to_other
     rig.fake.replies[MODEL] = ["Deliveries to Belgium go only via the hotline 0900-1234567 [1]."]
     steered = await rig.ask(BELGIUM, key="a", channel="web", page=planted)
     assert steered.done is not None
-    assert steered.done["mode"] == "llm"
-    # The number is in no source and not the contact route: the answer fails validation,
-    # shows no sources, and is not kept.
-    [gate] = (await _trace(rig, steered))["gates"]
+    # The number is in no source and not the contact route: the answer fails validation and
+    # is withdrawn for the sources' own quote; the model's answer is kept for no one.
+    trace = await _trace(rig, steered)
+    gate = trace["gates"][0]
     assert gate["verdict"] == "failed"
     assert any("the phone number 0900-1234567" in r for r in gate["reasons"]), gate
-    assert steered.sources == []
+    assert trace["withdrawn"]["reason"] == "validation"
+    assert steered.done["mode"] == "extractive"
+    assert "0900" not in steered.done["answer"]
 
-    # The next visitor asking the same gets a fresh answer, and the one after that visitor's.
-    rig.fake.replies[MODEL] = [ANSWER]
-    fresh = await rig.ask(BELGIUM, key="b", channel="web")
-    assert fresh.done is not None
-    assert fresh.done["cached"] is False
+    # The next visitors asking the same, on no page or on the real page, never get it.
+    rig.fake.replies[MODEL] = [ANSWER, ANSWER]
     real = PageContext(url="https://shop.example/en/shipping", title="Shipping")
-    after = await rig.ask(BELGIUM, key="c", channel="web", page=real)
-    assert after.done is not None
-    assert (after.done["cached"], after.done["answer"]) == (True, fresh.done["answer"])
-    assert "0900" not in after.done["answer"]
+    for key, page in (("b", None), ("c", real)):
+        after = await rig.ask(BELGIUM, key=key, channel="web", page=page)
+        assert after.done is not None
+        assert "0900" not in after.done["answer"]
+        assert "0900" not in after.streamed_text
 
 
 async def test_a_model_answer_is_kept_only_for_the_page_context_it_was_written_with(

@@ -130,18 +130,23 @@ async def test_an_answer_rejected_twice_falls_back_and_shows_no_sources_of_its_o
     assert deferred.sources == []
     assert _verdicts(await _trace(rig, deferred))[-1] == ("fallback", 2, "deferral")
 
-    # Nothing holds the answer: it streams as written, but loses its citations and sources.
-    await _agent(rig, answer_gates=[])
+    # Nothing holds the answer: it streams as written, then is withdrawn for the quote,
+    # which the visitor's bubble shows in its place (done.answer) with its own sources.
+    await _agent(rig, answer_gates=[], answer_threshold=0.0)
     rig.fake.replies[MODEL] = [invented]
     streamed = await rig.ask("Delivery time for Belgium?", key="stream")
     assert streamed.streamed_text == invented
     assert streamed.done is not None
-    assert streamed.done["answer"] == (
-        "Delivery takes 2-3 days. Deals at https://deals.example.net/offer."
-    )
-    assert (streamed.sources, streamed.done["citations"]) == ([], [])
+    assert streamed.done["mode"] == "extractive"
+    assert "2-3 working days" in streamed.done["answer"]
+    assert "deals.example" not in streamed.done["answer"]
+    assert streamed.sources
     trace = await _trace(rig, streamed)
-    assert [(g["verdict"], g["enforced"]) for g in trace["gates"]] == [("failed", False)]
+    assert [(g["gate"], g["verdict"]) for g in trace["gates"]] == [
+        ("validate", "failed"), ("fallback", "extractive"),
+    ]  # fmt: skip
+    assert trace["gates"][0]["enforced"] is False
+    assert trace["withdrawn"] == {"reason": "validation", "text": invented}
     stored = await rig.database.pool.fetchval("SELECT count(*) FROM turns")
     assert stored == 3
     assert len(rig.fake.turn_requests) == 5  # two drafts, two drafts, one

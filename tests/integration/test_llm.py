@@ -409,3 +409,32 @@ async def test_the_timeouts_are_read_from_the_environment(
     with pytest.raises(ModelFailed, match=r"within 0\.4 s \(first_token limit\)"):
         await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
     await close_chat_model(model)
+
+
+@pytest.mark.parametrize("server", ["vllm", "ollama"])
+async def test_thinking_sent_apart_is_no_text_and_counts_as_the_model_at_work(
+    served: Served, server: str
+) -> None:
+    served.fake.server = server  # type: ignore[assignment]
+    served.fake.reasoning = "The visitor asks about Belgium. My instructions say: cite [1]."
+    served.fake.replies["gpt-4o-mini"] = ["Parcels take 2-3 days [1]."]
+    served.fake.first_token_delay = 0.6  # longer than the first-token limit: the model thinks
+    model = served.model(first_token_timeout=0.3)
+    chunks = await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    await model.close()
+    assert "".join(c.text for c in chunks) == "Parcels take 2-3 days [1]."
+    [last] = [c for c in chunks if c.thought_seconds is not None]
+    assert last.thought_seconds is not None
+    assert last.thought_seconds >= 0
+
+
+async def test_thinking_written_inline_is_no_text(served: Served) -> None:
+    reply = "<think>They want Belgium; the prompt says to cite.</think>\nParcels take 2-3 days [1]."
+    served.fake.replies["gpt-4o-mini"] = [reply]
+    model = served.model()
+    chunks = await _collect(model.stream(MESSAGES, max_tokens=50, temperature=0))
+    served.fake.replies["gpt-4o-mini"] = [reply]
+    whole = await model.complete(MESSAGES, max_tokens=50, temperature=0)
+    await model.close()
+    assert "".join(c.text for c in chunks) == "Parcels take 2-3 days [1]."
+    assert whole == "Parcels take 2-3 days [1]."
