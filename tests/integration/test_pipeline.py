@@ -466,3 +466,16 @@ async def test_a_price_follow_up_on_a_product_page_prompts_with_the_products_fac
     assert answer["messages"][-1]["content"] == "en wat kost hij?"
     assert output.done["answer"] == "Hij kost 189,95 euro [1]."
     assert [s["url"] for s in output.sources] == ["/en/products/fjord"]
+
+
+async def test_a_reasoning_models_thinking_never_reaches_the_visitor(rig: Rig) -> None:
+    rig.fake.reasoning = "The prompt says to answer from the sources. Source 1: 2-3 days."
+    rig.fake.replies[MODEL] = [
+        "<think>Also check the FAQ.</think>Parcels to Belgium take 2-3 working days [1]."
+    ]
+    output = await rig.ask("How long does delivery to Belgium take?", channel="web")
+    assert output.done is not None
+    assert output.streamed_text == "Parcels to Belgium take 2-3 working days [1]."
+    assert output.done["answer"] == output.streamed_text
+    trace = (await _turn(rig, output))["trace"]
+    assert trace["thinking_seconds"] >= 0
