@@ -205,7 +205,7 @@ async def test_a_withdrawn_model_answer_is_replaced_in_the_bubble(
     browser: Browser, start_gateway: StartGateway, llm: FakeLlm
 ) -> None:
     # The model writes nothing but the prompt's markup: it streams, then is withdrawn.
-    llm.fake.replies[MODEL] = ['<source id="1" url="/en/shipping.html">Shipping</source>']
+    llm.fake.replies[MODEL] = ['<source id="1" url="/en/shipping.html"></source>']
     gateway = await start_gateway(with_llm=True)
     page = await open_shop(browser, gateway, "/en/shipping.html")
     await open_chat(page, "Open chat")
@@ -265,9 +265,13 @@ async def test_model_and_page_markup_stay_inert_text(
         r for r in llm.fake.turn_requests if r["messages"][-1]["content"] == HOSTILE_QUESTION
     ]
     assert prompt_sources(request["messages"][0]["content"])[1][0] == "/en/hostile.html"
-    # Shown as typed; an answer copying markup fails validation, so it shows no sources.
-    await expect(reply.locator(".answer")).to_have_text(HOSTILE_ANSWER.replace(" [1]", ""))
-    await expect(reply.locator(".sources")).to_be_hidden()
+    # An answer copying markup fails validation and is withdrawn: the page's own words take
+    # its place, its markup shown as typed text, never as elements.
+    await expect(reply).to_have_attribute("data-mode", "extractive")
+    await expect(reply.locator(".answer")).to_contain_text(
+        f"{HOSTILE_IMG} The Hostile Test Lantern costs 12.34 euro."
+    )
+    await expect(reply.locator(".answer")).not_to_contain_text("<script>")
     assert await page.evaluate(INERT) == {"markup": 0, "handlers": 0}
 
     await ask(page, CLEAN_QUESTION)
