@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import re
 import unicodedata
@@ -41,7 +40,7 @@ import aiohttp
 import asyncpg
 import numpy as np
 
-from bench.answer_figures import Attempt, print_outcomes
+from bench.answer_figures import Attempt, auc, print_calibration, print_outcomes
 from bench.database import bench_settings
 from bench.model import evaluated_model
 from core.answer.confidence import WEIGHTS
@@ -62,7 +61,6 @@ DATA = Path(__file__).parent / "data"
 SHOP = DATA / "shop"
 AGENT = "shop"
 CONTACT_ROUTE = "info@noordkaap.example or +31 10 555 0142"
-BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0001)
 
 
 @dataclass(frozen=True)
@@ -279,33 +277,6 @@ def print_answers(replies: Sequence[Reply]) -> None:
     )
 
 
-def auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
-    """Probability that a random right attempt scores above a random wrong one."""
-    right = [s for s, y in zip(scores, labels, strict=True) if y]
-    wrong = [s for s, y in zip(scores, labels, strict=True) if not y]
-    if not right or not wrong:
-        return float("nan")
-    wins = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong)
-    return wins / (len(right) * len(wrong))
-
-
-def print_calibration(attempts: Sequence[Reply]) -> None:
-    print("\nConfidence of attempts (threshold 0) against being right:\n")
-    print(f"{'confidence':<12}{'n':>5}{'mean conf':>11}{'share right':>13}")
-    for low, high in itertools.pairwise(BINS):
-        rows = [r for r in attempts if low <= r.confidence < high]
-        if not rows:
-            print(f"{low:.1f}-{min(high, 1.0):.1f}{'':>5}{0:>5}")
-            continue
-        mean = sum(r.confidence for r in rows) / len(rows)
-        right = sum(r.attempt_right for r in rows) / len(rows)
-        print(f"{low:.1f}-{min(high, 1.0):.1f}{'':>5}{len(rows):>5}{mean:>11.2f}{right:>13.2f}")
-    scores = [r.confidence for r in attempts]
-    labels = [r.attempt_right for r in attempts]
-    brier = sum((s - y) ** 2 for s, y in zip(scores, labels, strict=True)) / len(attempts)
-    print(f"\nAUC {auc(scores, labels):.3f}   Brier {brier:.3f}   n={len(attempts)}")
-
-
 def print_wrong(attempts: Sequence[Reply]) -> None:
     print("\nWrong attempts (threshold 0):")
     for r in attempts:
@@ -356,7 +327,7 @@ async def main(args: argparse.Namespace) -> None:
     deployed = [as_deployed(r, ANSWER_THRESHOLD) for r in attempts]
     print()
     print_answers(deployed)
-    print_calibration(attempts)
+    print_calibration([as_attempt(r) for r in attempts])
     print()
     print_outcomes([as_attempt(r) for r in attempts], ANSWER_THRESHOLD, "The shop")
     if args.fit:
